@@ -1,0 +1,29 @@
+//! twinhub: a sharded, Raft-replicated device-twin service that speaks Azure IoT Hub's twin protocols.
+//!
+//! # Layout
+//!
+//! The modules follow the path of a write (see `../shared/spec/architecture.md`):
+//!
+//! - [`model`]: the pure twin model: documents, `$metadata`, versions, etags, limits, the identity
+//!   registry and the deterministic `apply` of a [`model::Command`]. No I/O, no clock.
+//! - [`shard`]: one openraft group per shard; the log and state machine live in one fjall database per
+//!   node, and a single writer group-commits the appends of every shard.
+//! - [`twin`]: one ractor actor per *active* twin; it orders that twin's requests and pipelines them into
+//!   its shard's Raft group. Actors are spawned on first use and passivated when idle.
+//! - [`auth`]: SAS token parsing and verification, shared access policies.
+//! - [`tls`]: rustls configuration and the generated development CA.
+//! - [`http`]: the HTTPS service API (registry and twins), IoT Hub's error bodies.
+//! - [`node`]: owns everything a process runs; start and graceful shutdown.
+//! - [`cli`]: `twinhub serve` and its configuration (flags, `TWINHUB_*` variables, TOML).
+
+pub mod auth;
+pub mod cli;
+pub mod http;
+pub mod ids;
+pub mod model;
+pub mod node;
+pub mod shard;
+pub mod tls;
+pub mod twin;
+
+pub use ids::{NodeId, ShardId, TwinId};

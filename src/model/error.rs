@@ -1,0 +1,24 @@
+//! Errors of the twin model. Protocol-free: the HTTP and MQTT edges map them to status codes and
+//! IoT Hub error bodies in one place each.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum TwinError {
+    #[error("Device {0} not found")]
+    DeviceNotFound(String),
+    #[error("Module {module} on device {device} not found")]
+    ModuleNotFound { device: String, module: String },
+    #[error("A device with ID '{0}' is already registered")]
+    DeviceAlreadyExists(String),
+    #[error("A module with ID '{module}' is already registered on device '{device}'")]
+    ModuleAlreadyExists { device: String, module: String },
+    #[error("Device {device} already has the maximum of {max} modules")]
+    TooManyModulesOnDevice { device: String, max: usize },
+    /// If-Match did not match the current etag.
+    #[error("Precondition failed: {0}")]
+    PreconditionFailed(String),
+    /// Bad input: the message names the offending path and the limit.
+    #[error("{0}")]
+    InvalidArgument(String),
+}
