@@ -1,1 +1,201 @@
-//! TODO
+//! A running node: shards, twin layer, policies, TLS and the HTTPS listener, with graceful shutdown.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Policies, PolicyFileError, OWNER};
+use crate::cli::Config;
+use crate::shard::{ShardError, Shards, ShardsConfig};
+use crate::tls::{CertSource, TlsError};
+use crate::twin::{Twins, TwinsConfig};
+
+/// This issue runs a single node; the cluster issue assigns real ids.
+const NODE_ID: u64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Policies(#[from] PolicyFileError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("opening shards: {0}")]
+    Shards(#[from] ShardError),
+}
+
+pub struct Node {
+    /// The address the HTTPS API actually listens on (port 0 resolved).
+    pub http_addr: SocketAddr,
+    pub hostname: String,
+    pub policies: Arc<Policies>,
+    pub twins: Arc<Twins>,
+    shards: Arc<Shards>,
+    stop: CancellationToken,
+    http: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    /// Everything a client needs is in place when this returns: shards have leaders and the HTTPS
+    /// listener is accepting.
+    pub async fn start(config: Config) -> Result<Node, NodeError> {
+        let dir = config.data_dir.clone();
+        std::fs::create_dir_all(&dir)
+            .map_err(|source| NodeError::DataDir { path: dir.display().to_string(), source })?;
+        let policies = Arc::new(Policies::load_or_create(&dir, config.owner_key.as_deref())?);
+        let source = CertSource::from_options(config.tls_cert.clone(), config.tls_key.clone(), &dir, &config.hostname)?;
+        let tls = crate::tls::server_config(&source)?;
+        // Bind before the (slower) shard recovery so a taken port fails fast.
+        let listener = TcpListener::bind(config.http_listen)
+            .await
+            .map_err(|source| NodeError::Bind { addr: config.http_listen, source })?;
+        let http_addr = listener.local_addr().map_err(|source| NodeError::Bind { addr: config.http_listen, source })?;
+
+        let shards = Arc::new(
+            Shards::open(ShardsConfig {
+                data_dir: dir.clone(),
+                node_id: NODE_ID,
+                shard_count: config.shard_count,
+                snapshot_every: config.snapshot_every,
+            })
+            .await?,
+        );
+        let twins = Twins::new(shards.clone(), TwinsConfig::default());
+        let state = Arc::new(crate::http::AppState {
+            twins: Some(twins.clone()),
+            policies: policies.clone(),
+            host: format!("{}:{}", config.hostname, http_addr.port()),
+        });
+        let stop = CancellationToken::new();
+        let app = crate::http::router(state);
+        let http = tokio::spawn(crate::http::serve(listener, tls, app, stop.clone().cancelled_owned()));
+        tracing::info!(%http_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
+        Ok(Node { http_addr, hostname: config.hostname, policies, twins, shards, stop, http })
+    }
+
+    /// The service connection string for the iothubowner policy, with the bound port.
+    pub fn connection_string(&self) -> String {
+        format!(
+            "HostName={}:{};SharedAccessKeyName={OWNER};SharedAccessKey={}",
+            self.hostname,
+            self.http_addr.port(),
+            self.policies.owner_key()
+        )
+    }
+
+    /// Stop accepting, drain open requests, stop the twin actors, then the Raft groups and storage.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        if let Err(e) = self.http.await {
+            tracing::warn!("HTTP server task: {e}");
+        }
+        self.twins.shutdown().await;
+        self.shards.shutdown().await;
+        tracing::info!("twinhub stopped");
+    }
+}
+
+/// `twinhub serve`: start, print the connection string, run until SIGTERM or SIGINT, shut down.
+pub async fn run(config: Config) -> Result<(), NodeError> {
+    let node = Node::start(config).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", node.connection_string());
+        let _ = out.flush();
+    }
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!("cannot watch SIGTERM ({e}); only SIGINT stops the node");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole edge in-process: start on port 0, HTTPS with the generated CA, one authorised write,
+    /// graceful shutdown, and a restart that keeps keys and data.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn starts_serves_and_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::cli::Config::resolve(
+            crate::cli::ServeArgs {
+                data_dir: Some(dir.path().into()),
+                http_listen: Some("127.0.0.1:0".into()),
+                shard_count: Some(2),
+                ..Default::default()
+            },
+            |_| None,
+        )
+        .unwrap();
+        let node = Node::start(config.clone()).await.unwrap();
+        let cs = node.connection_string();
+        assert!(cs.starts_with(&format!("HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey=", node.http_addr.port())));
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.path().join("tls/ca.pem")).unwrap()).unwrap();
+        let client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
+        let base = format!("https://localhost:{}", node.http_addr.port());
+        let health = client.get(format!("{base}/health")).send().await.unwrap();
+        assert_eq!(health.status(), 200);
+
+        let auth = |port: u16, key: &str| {
+            let sr = format!("localhost%3A{port}");
+            let se = crate::model::now_ms() / 1000 + 600;
+            let sig = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, crate::auth::sign(key, &sr, se).unwrap());
+            let sig = percent_encoding::utf8_percent_encode(&sig, percent_encoding::NON_ALPHANUMERIC);
+            format!("SharedAccessSignature sr={sr}&sig={sig}&se={se}&skn=iothubowner")
+        };
+        let key = node.policies.owner_key().to_string();
+        let resp = client
+            .put(format!("{base}/devices/d1?api-version=2021-04-12"))
+            .header("authorization", auth(node.http_addr.port(), &key))
+            .body(r#"{"deviceId":"d1","authentication":{"symmetricKey":{},"type":"sas"}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let dev: serde_json::Value = resp.json().await.unwrap();
+        assert!(dev["authentication"]["symmetricKey"]["primaryKey"].as_str().is_some_and(|k| !k.is_empty()));
+        node.shutdown().await;
+
+        let node = Node::start(config).await.unwrap();
+        assert_eq!(node.policies.owner_key(), key);
+        let base = format!("https://localhost:{}", node.http_addr.port());
+        let resp = client
+            .get(format!("{base}/devices/d1"))
+            .header("authorization", auth(node.http_addr.port(), &key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        node.shutdown().await;
+    }
+}

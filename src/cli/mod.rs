@@ -1,4 +1,63 @@
 //! Command line: `twinhub serve`.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+
+pub mod config;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use config::{Config, ConfigError, ServeArgs};
+
+#[derive(Parser, Debug)]
+#[command(name = "twinhub", version, about = "Sharded, Raft-replicated device-twin service speaking Azure IoT Hub's twin protocols")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,fjall=warn,lsm_tree=warn")),
+        )
+        .init();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let config = match Config::resolve(args, |k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("twinhub: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("twinhub: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::node::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("twinhub: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,1 +1,102 @@
-//! TODO
+//! The HTTPS service API: identity registry and twins in IoT Hub's REST shapes (spec §3.1–3.2).
+//!
+//! Handlers authenticate, parse and validate the body *before* proposing (bad input costs no log
+//! entry), build a [`crate::model::Command`] and hand it to [`crate::twin::Twins`]. Every failure is an
+//! [`ApiError`], rendered in one place (`error.rs`).
+
+mod body;
+pub mod error;
+mod metrics;
+mod registry;
+mod serve;
+mod twins;
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+
+use crate::auth::{Permission, Policies};
+use crate::twin::Twins;
+
+pub use error::ApiError;
+pub use metrics::{metrics_handle, render_metrics};
+pub use serve::serve;
+
+/// Largest accepted request body. Twin sections are at most 32 KB; this leaves room for escaping and
+/// metadata that clients echo back, and refuses anything absurd before it is buffered.
+pub const BODY_LIMIT: usize = 256 * 1024;
+
+/// What every handler needs.
+pub struct AppState {
+    /// `None` only in tests of routes that fail before reaching the twin layer.
+    pub twins: Option<Arc<Twins>>,
+    pub policies: Arc<Policies>,
+    /// The hub host name as clients dial it (`name:port`), for SAS resource checks.
+    pub host: String,
+}
+
+impl AppState {
+    fn twins(&self) -> Result<&Arc<Twins>, ApiError> {
+        self.twins.as_ref().ok_or_else(|| ApiError::Internal("twin layer not running".into()))
+    }
+
+    /// Verifies the `Authorization` header for `resource` (e.g. `devices/d1`) with `needed`.
+    fn authorize(&self, headers: &HeaderMap, resource: &str, needed: Permission) -> Result<(), ApiError> {
+        let header = headers.get(header::AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
+        let now = crate::model::now_ms() / 1000;
+        self.policies.authorize(header, &self.host, resource, needed, now)?;
+        Ok(())
+    }
+}
+
+pub type Shared = Arc<AppState>;
+
+/// `Content-Type: application/json; charset=utf-8` on every JSON response (Node parses bodies only then).
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = (status, bytes).into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    resp
+}
+
+pub fn ok_json(body: &serde_json::Value) -> Response {
+    json_response(StatusCode::OK, body)
+}
+
+pub fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/devices", get(registry::list_devices))
+        .route(
+            "/devices/{id}",
+            get(registry::get_device).put(registry::put_device).delete(registry::delete_device),
+        )
+        .route("/devices/{id}/modules", get(registry::list_modules))
+        .route(
+            "/devices/{id}/modules/{mid}",
+            get(registry::get_module).put(registry::put_module).delete(registry::delete_module),
+        )
+        .route(
+            "/twins/{id}",
+            get(twins::get_twin).patch(twins::update_twin).put(twins::replace_twin),
+        )
+        .route(
+            "/twins/{id}/modules/{mid}",
+            get(twins::get_module_twin).patch(twins::update_module_twin).put(twins::replace_module_twin),
+        )
+        .route("/statistics/devices", get(registry::device_stats))
+        .route("/statistics/service", get(registry::service_stats))
+        .route("/health", get(|| async { json_response(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics::metrics_route))
+        .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(metrics::track))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests;

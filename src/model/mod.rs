@@ -5,14 +5,29 @@
 //! proposing so that bad input costs no log entry; apply validates again whatever depends on state
 //! (sizes after merge, If-Match).
 
+mod apply;
 pub mod command;
+mod dedupe;
+mod doc;
 pub mod error;
+mod etag;
+mod registry;
+pub mod time;
+pub mod validate;
+
+#[cfg(test)]
+mod tests;
 
 pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
 pub use error::TwinError;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use dedupe::{Dedupe, Remembered};
+use registry::DeviceEntry;
 
 use crate::ids::TwinId;
 
@@ -76,101 +91,182 @@ pub struct DeviceStats {
 }
 
 /// The registry and twins of one shard: the Raft state machine's data.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShardState {
-    // Implementation detail of the model.
+    /// Devices by id; each holds its twin and its modules (with their twins), so deleting a device
+    /// deletes everything under it at once.
+    devices: BTreeMap<String, DeviceEntry>,
+    /// Last etag counter handed out (twin and identity etags). Only grows: etags are never reused.
+    etag_seq: u64,
+    /// Recent outcomes by request id (at-most-once).
+    dedupe: Dedupe,
 }
+
+/// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
+/// postcard cannot carry; `format` lets a later layout be read next to this one.
+#[derive(Serialize, Deserialize)]
+struct Snapshot<S> {
+    format: u32,
+    state: S,
+}
+
+const SNAPSHOT_FORMAT: u32 = 1;
 
 impl ShardState {
     /// Applies a committed command. Deterministic; a rejected command leaves the state unchanged.
     /// A command whose request id was recently applied for the same device answers the first outcome
     /// again and changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
-        let _ = cmd;
-        todo!("model")
+        if let Some(first) = self.dedupe.get(&cmd.request_id) {
+            return Applied { result: self.recall(first), events: Vec::new() };
+        }
+        let mut events = Vec::new();
+        let result = self.apply_op(cmd, &mut events);
+        if result.is_err() {
+            events.clear();
+        }
+        let remembered = match &result {
+            Err(e) => Remembered::Err(e.clone()),
+            Ok(Reply::Done) => Remembered::Done,
+            Ok(Reply::Reported { version }) => Remembered::Reported(*version),
+            Ok(Reply::Device(_)) => Remembered::Device(cmd.device_id().to_string()),
+            Ok(Reply::Module(_)) => match &cmd.op {
+                Op::PutModule { module, .. } => Remembered::Module(module.device_id.clone(), module.module_id.clone()),
+                _ => Remembered::Done,
+            },
+            Ok(Reply::Twin(_)) => match &cmd.op {
+                Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
+                _ => Remembered::Done,
+            },
+        };
+        self.dedupe.remember(cmd.request_id, remembered);
+        Applied { result, events }
+    }
+
+    /// The answer to a duplicate: stored errors and versions exactly, documents as they are now.
+    fn recall(&self, first: &Remembered) -> Result<Reply, TwinError> {
+        match first {
+            Remembered::Err(e) => Err(e.clone()),
+            Remembered::Done => Ok(Reply::Done),
+            Remembered::Reported(v) => Ok(Reply::Reported { version: *v }),
+            Remembered::Device(d) => {
+                self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))
+            }
+            Remembered::Module(d, m) => self.module(d, m).map(Reply::Module),
+            Remembered::Twin(id) => self.twin(id).map(Reply::Twin),
+        }
     }
 
     /// The Device document, or `None`.
     pub fn device(&self, device_id: &str) -> Option<Value> {
-        let _ = device_id;
-        todo!("model")
+        self.devices.get(device_id).map(|d| d.render(device_id))
     }
 
     /// Device documents in device-id order, starting after `after` (for paging).
     pub fn devices(&self, after: Option<&str>, limit: usize) -> Vec<Value> {
-        let _ = (after, limit);
-        todo!("model")
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        self.devices
+            .range::<str, _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(id, d)| d.render(id))
+            .collect()
     }
 
     pub fn module(&self, device_id: &str, module_id: &str) -> Result<Value, TwinError> {
-        let _ = (device_id, module_id);
-        todo!("model")
+        let dev = self.device_entry(device_id)?;
+        dev.modules.get(module_id).map(|m| m.render(device_id, module_id)).ok_or_else(|| {
+            TwinError::ModuleNotFound { device: device_id.to_string(), module: module_id.to_string() }
+        })
+    }
+
+    fn device_entry(&self, device_id: &str) -> Result<&DeviceEntry, TwinError> {
+        self.devices.get(device_id).ok_or_else(|| TwinError::DeviceNotFound(device_id.to_string()))
     }
 
     pub fn modules(&self, device_id: &str) -> Result<Vec<Value>, TwinError> {
-        let _ = device_id;
-        todo!("model")
+        let dev = self.device_entry(device_id)?;
+        Ok(dev.modules.iter().map(|(mid, m)| m.render(device_id, mid)).collect())
     }
 
     /// The full twin document (service view, REST shape).
     pub fn twin(&self, id: &TwinId) -> Result<Value, TwinError> {
-        let _ = id;
-        todo!("model")
+        let dev = self.device_entry(&id.device_id)?;
+        match &id.module_id {
+            None => Ok(dev.render_twin(&id.device_id, None)),
+            Some(mid) => {
+                let m = dev.modules.get(mid).ok_or_else(|| TwinError::ModuleNotFound {
+                    device: id.device_id.clone(),
+                    module: mid.clone(),
+                })?;
+                Ok(dev.render_twin(&id.device_id, Some((mid, m))))
+            }
+        }
     }
 
     /// The device view: `{"desired": {...}, "reported": {...}}` with `$metadata` and `$version`, no tags.
     pub fn twin_properties(&self, id: &TwinId) -> Result<Value, TwinError> {
-        let _ = id;
-        todo!("model")
+        self.twin_doc(id).map(|t| t.properties())
     }
 
     /// Current twin etag (for If-Match pre-checks before proposing).
     pub fn twin_etag(&self, id: &TwinId) -> Result<String, TwinError> {
-        let _ = id;
-        todo!("model")
+        self.twin_doc(id).map(|t| etag::etag_text(t.etag))
     }
 
+    /// A module is usable only while its device is enabled.
     pub fn credentials(&self, id: &TwinId) -> Option<Credentials> {
-        let _ = id;
-        todo!("model")
+        let dev = self.devices.get(&id.device_id)?;
+        let identity = match &id.module_id {
+            None => &dev.identity,
+            Some(m) => &dev.modules.get(m)?.identity,
+        };
+        Some(Credentials {
+            primary_key: identity.auth.primary_key.clone(),
+            secondary_key: identity.auth.secondary_key.clone(),
+            enabled: dev.status == Status::Enabled,
+        })
     }
 
     pub fn stats(&self) -> DeviceStats {
-        todo!("model")
+        let total = self.devices.len() as u64;
+        let enabled = self.devices.values().filter(|d| d.status == Status::Enabled).count() as u64;
+        DeviceStats { total, enabled, disabled: total - enabled }
     }
 
     /// Serializes the whole state for a Raft snapshot.
+    /// Serialising these types cannot fail (string map keys only, no foreign types); an empty vector
+    /// would be refused by `decode_snapshot` rather than silently read as an empty shard.
     pub fn encode_snapshot(&self) -> Vec<u8> {
-        todo!("model")
+        serde_json::to_vec(&Snapshot { format: SNAPSHOT_FORMAT, state: self }).unwrap_or_default()
     }
 
     pub fn decode_snapshot(bytes: &[u8]) -> Result<ShardState, String> {
-        let _ = bytes;
-        todo!("model")
+        let snap: Snapshot<ShardState> =
+            serde_json::from_slice(bytes).map_err(|e| format!("corrupt shard snapshot: {e}"))?;
+        if snap.format != SNAPSHOT_FORMAT {
+            return Err(format!("unknown shard snapshot format {}", snap.format));
+        }
+        Ok(snap.state)
     }
 }
 
 /// Validates a service twin PATCH body (`tags` and/or `properties.desired`) before proposing: limits,
 /// key rules, allowed top-level members. The error names the offending path and the limit.
 pub fn validate_twin_patch(body: &Value) -> Result<(), TwinError> {
-    let _ = body;
-    todo!("model")
+    validate::service_body(body).map(|_| ())
 }
 
 /// Validates a service twin PUT body (replace tags and desired).
 pub fn validate_twin_replace(body: &Value) -> Result<(), TwinError> {
-    let _ = body;
-    todo!("model")
+    validate::service_body(body).map(|_| ())
 }
 
 /// Validates a device reported patch.
 pub fn validate_reported_patch(body: &Value) -> Result<(), TwinError> {
-    let _ = body;
-    todo!("model")
+    validate::reported_body(body).map(|_| ())
 }
 
 /// Validates a device or module id (≤128 ASCII alnum plus `- : . + % _ # * ? ! ( ) , = @ ; $ '`).
 pub fn validate_id(kind: &str, id: &str) -> Result<(), TwinError> {
-    let _ = (kind, id);
-    todo!("model")
+    validate::validate_id(kind, id)
 }

@@ -1,0 +1,222 @@
+//! The hub's shared access policies and their keys, generated on first start and kept in the data
+//! directory so that connection strings survive restarts.
+
+use std::path::Path;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+
+use super::{AuthError, SasToken};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Permission {
+    RegistryRead,
+    RegistryWrite,
+    ServiceConnect,
+    DeviceConnect,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub name: String,
+    pub primary_key: String,
+    pub secondary_key: String,
+    pub permissions: Vec<Permission>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policies {
+    pub policies: Vec<Policy>,
+}
+
+/// Errors loading or saving `policies.json`.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyFileError {
+    #[error("reading {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path} is not a valid policies file: {source}")]
+    Parse { path: String, source: serde_json::Error },
+    #[error("--owner-key is not valid base64")]
+    BadOwnerKey,
+}
+
+pub const OWNER: &str = "iothubowner";
+
+/// A fresh random 32-byte key, base64 (the form IoT Hub hands out).
+pub fn generate_key() -> String {
+    let mut k = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut k);
+    B64.encode(k)
+}
+
+impl Policies {
+    /// The four built-in policies with fresh keys.
+    pub fn generate() -> Policies {
+        use Permission::*;
+        let p = |name: &str, permissions: Vec<Permission>| Policy {
+            name: name.into(),
+            primary_key: generate_key(),
+            secondary_key: generate_key(),
+            permissions,
+        };
+        Policies {
+            policies: vec![
+                p(OWNER, vec![RegistryRead, RegistryWrite, ServiceConnect, DeviceConnect]),
+                p("service", vec![ServiceConnect]),
+                p("registryRead", vec![RegistryRead]),
+                p("registryReadWrite", vec![RegistryRead, RegistryWrite]),
+            ],
+        }
+    }
+
+    /// Loads `DIR/policies.json`, creating it on first start; `owner_key` (base64) overrides and persists
+    /// iothubowner's primary key.
+    pub fn load_or_create(dir: &Path, owner_key: Option<&str>) -> Result<Policies, PolicyFileError> {
+        let path = dir.join("policies.json");
+        let shown = path.display().to_string();
+        let mut policies = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Policies::generate(),
+            Err(source) => return Err(PolicyFileError::Io { path: shown, source }),
+        };
+        if let Some(key) = owner_key {
+            if B64.decode(key.trim()).is_err() || key.trim().is_empty() {
+                return Err(PolicyFileError::BadOwnerKey);
+            }
+            if let Some(owner) = policies.policies.iter_mut().find(|p| p.name == OWNER) {
+                owner.primary_key = key.trim().to_string();
+            }
+        }
+        let text = serde_json::to_vec_pretty(&policies).map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?;
+        write_atomically(&path, &text).map_err(|source| PolicyFileError::Io { path: shown, source })?;
+        Ok(policies)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Policy> {
+        self.policies.iter().find(|p| p.name == name)
+    }
+
+    pub fn owner_key(&self) -> &str {
+        self.get(OWNER).map(|p| p.primary_key.as_str()).unwrap_or("")
+    }
+
+    /// Verifies an `Authorization` header for a service request on `host` (as the client dialled it,
+    /// with or without port) needing `needed`. The token's resource must be the host or a prefix path
+    /// of `request_resource` (e.g. `host/devices/d1`).
+    pub fn authorize(
+        &self,
+        header: Option<&str>,
+        host: &str,
+        request_resource: &str,
+        needed: Permission,
+        now_secs: i64,
+    ) -> Result<&Policy, AuthError> {
+        let token = SasToken::parse(header.ok_or(AuthError::Missing)?)?;
+        let skn = token.skn.as_deref().ok_or_else(|| AuthError::Malformed("missing 'skn' (policy name)".into()))?;
+        let policy = self.get(skn).ok_or_else(|| AuthError::UnknownPolicy(skn.to_string()))?;
+        if !resource_covers(&token.resource, host, request_resource) {
+            return Err(AuthError::WrongResource(token.resource.clone()));
+        }
+        token.check(&[&policy.primary_key, &policy.secondary_key], now_secs)?;
+        if !policy.permissions.contains(&needed) {
+            return Err(AuthError::MissingPermission { policy: policy.name.clone(), needed });
+        }
+        Ok(policy)
+    }
+}
+
+/// The token resource, case-insensitively and without trailing `/`, must be the hub host (with or
+/// without port) or a path prefix of the requested resource below it.
+fn resource_covers(resource: &str, host: &str, request_resource: &str) -> bool {
+    let res = resource.trim_end_matches('/').to_ascii_lowercase();
+    let host = host.to_ascii_lowercase();
+    let bare = host.split(':').next().unwrap_or(&host).to_string();
+    let path = request_resource.trim_start_matches('/').to_ascii_lowercase();
+    [host, bare].iter().any(|h| {
+        let full = if path.is_empty() { h.clone() } else { format!("{h}/{path}") };
+        res == *h || (full.starts_with(&res) && full[res.len()..].starts_with('/')) || res == full
+    })
+}
+
+/// Write to a temp file, fsync, rename: a crash leaves either the old or the new file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(parent) = path.parent() {
+        if let Ok(d) = std::fs::File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::sign;
+
+    fn token(policy: &str, key: &str, sr: &str, se: i64) -> String {
+        let sig = B64.encode(sign(key, sr, se).unwrap());
+        let sig = percent_encoding::utf8_percent_encode(&sig, percent_encoding::NON_ALPHANUMERIC).to_string();
+        format!("SharedAccessSignature sr={sr}&sig={sig}&se={se}&skn={policy}")
+    }
+
+    #[test]
+    fn permissions_and_keys() {
+        let p = Policies::generate();
+        let owner = p.get(OWNER).unwrap().clone();
+        let svc = p.get("service").unwrap().clone();
+        let se = 2_000_000_000;
+        let h = token(OWNER, &owner.secondary_key, "localhost%3A8443", se);
+        assert!(p.authorize(Some(&h), "localhost:8443", "devices/d1", Permission::RegistryWrite, 0).is_ok());
+        // Without the port, too.
+        let h2 = token(OWNER, &owner.primary_key, "LocalHost", se);
+        assert!(p.authorize(Some(&h2), "localhost:8443", "twins/d1", Permission::ServiceConnect, 0).is_ok());
+        let hs = token("service", &svc.primary_key, "localhost", se);
+        assert_eq!(
+            p.authorize(Some(&hs), "localhost", "devices/d1", Permission::RegistryRead, 0).unwrap_err(),
+            AuthError::MissingPermission { policy: "service".into(), needed: Permission::RegistryRead }
+        );
+        let bad = token("service", &owner.primary_key, "localhost", se);
+        assert_eq!(p.authorize(Some(&bad), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::BadSignature);
+        let unknown = token("nobody", &owner.primary_key, "localhost", se);
+        assert_eq!(p.authorize(Some(&unknown), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::UnknownPolicy("nobody".into()));
+        assert_eq!(p.authorize(None, "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::Missing);
+        assert_eq!(p.authorize(Some(&h), "localhost:8443", "", Permission::ServiceConnect, se + 1).unwrap_err(), AuthError::Expired(se));
+    }
+
+    #[test]
+    fn resource_prefixes() {
+        assert!(resource_covers("localhost:8443", "localhost:8443", "devices/d1"));
+        assert!(resource_covers("localhost/devices", "localhost:8443", "devices/d1"));
+        assert!(resource_covers("localhost/devices/d1", "localhost", "devices/d1"));
+        assert!(!resource_covers("localhost/devices/d", "localhost", "devices/d1"));
+        assert!(!resource_covers("otherhost", "localhost", "devices/d1"));
+        assert!(!resource_covers("localhost/devices/d2", "localhost", "devices/d1"));
+    }
+
+    #[test]
+    fn persisted_and_owner_key_override() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Policies::load_or_create(dir.path(), None).unwrap();
+        let b = Policies::load_or_create(dir.path(), None).unwrap();
+        assert_eq!(a, b);
+        let key = generate_key();
+        let c = Policies::load_or_create(dir.path(), Some(&key)).unwrap();
+        assert_eq!(c.owner_key(), key);
+        assert_eq!(c.get("service"), a.get("service"));
+        assert_eq!(Policies::load_or_create(dir.path(), None).unwrap().owner_key(), key);
+        assert!(matches!(Policies::load_or_create(dir.path(), Some("not base64!")), Err(PolicyFileError::BadOwnerKey)));
+    }
+}

@@ -1,0 +1,214 @@
+//! The node's configuration from flags, `TWINHUB_<OPTION>` variables and a TOML file, in that order of
+//! precedence, then built-in defaults. Resolution takes the environment as a function so that tests do
+//! not race on the process environment.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Deserialize;
+
+/// `twinhub serve` options. Each also reads `TWINHUB_<OPTION>` and the `--config` TOML file
+/// (keys like `http_listen`).
+#[derive(Args, Debug, Clone, Default, PartialEq)]
+pub struct ServeArgs {
+    /// Data directory (Raft log, state, policies, development certificates) [default: ./twinhub-data]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// HTTPS service API address [default: 0.0.0.0:8443]
+    #[arg(long)]
+    pub http_listen: Option<String>,
+    /// MQTT over TLS address [default: 0.0.0.0:8883]
+    #[arg(long)]
+    pub mqtt_listen: Option<String>,
+    /// Host name clients dial; used in connection strings, SAS resources and the certificate [default: localhost]
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// Base64 primary key of the iothubowner policy [default: generated and kept in the data directory]
+    #[arg(long)]
+    pub owner_key: Option<String>,
+    /// Number of shards (fixed once data exists) [default: 16]
+    #[arg(long)]
+    pub shard_count: Option<u32>,
+    /// PEM server certificate chain [default: generated development certificate]
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Snapshot each shard after this many applied entries [default: 10000]
+    #[arg(long)]
+    pub snapshot_every: Option<u64>,
+    /// TOML file with any of the options above (keys with underscores)
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The TOML file: every key optional; unknown keys are refused so typos are not silently ignored.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub data_dir: Option<PathBuf>,
+    pub http_listen: Option<String>,
+    pub mqtt_listen: Option<String>,
+    pub hostname: Option<String>,
+    pub owner_key: Option<String>,
+    pub shard_count: Option<u32>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub snapshot_every: Option<u64>,
+}
+
+/// The resolved configuration of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub http_listen: SocketAddr,
+    pub mqtt_listen: SocketAddr,
+    pub hostname: String,
+    pub owner_key: Option<String>,
+    pub shard_count: u32,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub snapshot_every: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config file {path}: {source}")]
+    Toml { path: String, source: toml::de::Error },
+    #[error("{option}: '{value}' is not a valid {expected}")]
+    Invalid { option: &'static str, value: String, expected: &'static str },
+}
+
+impl Config {
+    /// Flags > `TWINHUB_*` (via `env`) > TOML file (`--config` / `TWINHUB_CONFIG`) > defaults.
+    pub fn resolve(args: ServeArgs, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let file_path = args.config.clone().or_else(|| env("TWINHUB_CONFIG").map(PathBuf::from));
+        let file = match file_path {
+            Some(p) => load_file(&p)?,
+            None => FileConfig::default(),
+        };
+        let env = |name: &str| env(name).filter(|v| !v.is_empty());
+        let parse_u = |option: &'static str, v: String| -> Result<u64, ConfigError> {
+            v.trim().parse().map_err(|_| ConfigError::Invalid { option, value: v, expected: "number" })
+        };
+        let shard_count = match args.shard_count {
+            Some(n) => Some(n),
+            None => env("TWINHUB_SHARD_COUNT")
+                .map(|v| parse_u("TWINHUB_SHARD_COUNT", v).map(|n| n as u32))
+                .transpose()?
+                .or(file.shard_count),
+        }
+        .unwrap_or(16);
+        if shard_count == 0 || shard_count > 4096 {
+            return Err(ConfigError::Invalid { option: "shard-count", value: shard_count.to_string(), expected: "shard count (1..=4096)" });
+        }
+        let snapshot_every = match args.snapshot_every {
+            Some(n) => n,
+            None => env("TWINHUB_SNAPSHOT_EVERY")
+                .map(|v| parse_u("TWINHUB_SNAPSHOT_EVERY", v))
+                .transpose()?
+                .or(file.snapshot_every)
+                .unwrap_or(10_000),
+        };
+        let http = args.http_listen.or_else(|| env("TWINHUB_HTTP_LISTEN")).or(file.http_listen).unwrap_or_else(|| "0.0.0.0:8443".into());
+        let mqtt = args.mqtt_listen.or_else(|| env("TWINHUB_MQTT_LISTEN")).or(file.mqtt_listen).unwrap_or_else(|| "0.0.0.0:8883".into());
+        let path = |flag: Option<PathBuf>, var: &str, f: Option<PathBuf>| flag.or_else(|| env(var).map(PathBuf::from)).or(f);
+        let hostname = args.hostname.or_else(|| env("TWINHUB_HOSTNAME")).or(file.hostname).unwrap_or_else(|| "localhost".into());
+        if hostname.is_empty() || hostname.contains(['/', ';', ' ']) {
+            return Err(ConfigError::Invalid { option: "hostname", value: hostname, expected: "host name" });
+        }
+        Ok(Config {
+            data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir).unwrap_or_else(|| PathBuf::from("./twinhub-data")),
+            http_listen: addr("http-listen", http)?,
+            mqtt_listen: addr("mqtt-listen", mqtt)?,
+            hostname,
+            owner_key: args.owner_key.or_else(|| env("TWINHUB_OWNER_KEY")).or(file.owner_key),
+            shard_count,
+            tls_cert: path(args.tls_cert, "TWINHUB_TLS_CERT", file.tls_cert),
+            tls_key: path(args.tls_key, "TWINHUB_TLS_KEY", file.tls_key),
+            snapshot_every,
+        })
+    }
+}
+
+fn addr(option: &'static str, value: String) -> Result<SocketAddr, ConfigError> {
+    value.trim().parse().map_err(|_| ConfigError::Invalid { option, value, expected: "ADDR:PORT socket address" })
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: shown.clone(), source })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Toml { path: shown, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::resolve(ServeArgs::default(), env_of(&[])).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("./twinhub-data"));
+        assert_eq!(c.http_listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(c.mqtt_listen, "0.0.0.0:8883".parse().unwrap());
+        assert_eq!(c.hostname, "localhost");
+        assert_eq!(c.shard_count, 16);
+        assert_eq!(c.owner_key, None);
+    }
+
+    #[test]
+    fn flag_over_env_over_file_over_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "http_listen = \"127.0.0.1:1001\"\nmqtt_listen = \"127.0.0.1:2001\"\nhostname = \"file-host\"\nshard_count = 3\ndata_dir = \"/file\"\n").unwrap();
+        let env = env_of(&[("TWINHUB_HTTP_LISTEN", "127.0.0.1:1002"), ("TWINHUB_HOSTNAME", "env-host"), ("TWINHUB_SHARD_COUNT", "5")]);
+        let args = ServeArgs { config: Some(file.clone()), http_listen: Some("127.0.0.1:1003".into()), ..Default::default() };
+        let c = Config::resolve(args, &env).unwrap();
+        assert_eq!(c.http_listen, "127.0.0.1:1003".parse().unwrap(), "flag wins");
+        assert_eq!(c.hostname, "env-host", "env beats file");
+        assert_eq!(c.shard_count, 5);
+        assert_eq!(c.mqtt_listen, "127.0.0.1:2001".parse().unwrap(), "file beats default");
+        assert_eq!(c.data_dir, PathBuf::from("/file"));
+        assert_eq!(c.snapshot_every, 10_000, "default");
+        // The config file itself may come from the environment.
+        let c = Config::resolve(ServeArgs::default(), env_of(&[("TWINHUB_CONFIG", file.to_str().unwrap())])).unwrap();
+        assert_eq!(c.hostname, "file-host");
+    }
+
+    #[test]
+    fn clap_flags_parse() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: ServeArgs,
+        }
+        let t = T::try_parse_from(["x", "--http-listen", "127.0.0.1:0", "--shard-count", "4", "--owner-key", "AAAA"]).unwrap();
+        assert_eq!(t.a.http_listen.as_deref(), Some("127.0.0.1:0"));
+        assert_eq!(t.a.shard_count, Some(4));
+        assert_eq!(t.a.owner_key.as_deref(), Some("AAAA"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = Config::resolve(ServeArgs { http_listen: Some("nope".into()), ..Default::default() }, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("http-listen") && e.to_string().contains("nope"), "{e}");
+        let e = Config::resolve(ServeArgs::default(), env_of(&[("TWINHUB_SHARD_COUNT", "x")])).unwrap_err();
+        assert!(e.to_string().contains("TWINHUB_SHARD_COUNT"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "http_lisen = \"x\"\n").unwrap();
+        let e = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("http_lisen"), "{e}");
+    }
+}

@@ -1,0 +1,23 @@
+//! Request bodies: size limit and JSON parsing with IoT Hub's error body instead of axum's text.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::{ApiError, BODY_LIMIT};
+
+/// Parses a JSON body. An empty body is an error naming what was expected.
+pub fn json(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(BODY_LIMIT)
+        } else {
+            ApiError::BadRequest(format!("could not read the request body: {r}"))
+        }
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::BadRequest(format!("the request body is empty; expected a {what} JSON object")));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+}

@@ -1,0 +1,97 @@
+//! Twin routes (spec §3.2): GET, PATCH (merge) and PUT (replace) of device and module twins.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+
+use super::registry::{if_match, propose};
+use super::{body, ok_json, ApiError, Shared};
+use crate::auth::Permission;
+use crate::ids::TwinId;
+use crate::model::{now_ms, validate_id, validate_twin_patch, validate_twin_replace, Command, Op, Reply};
+
+fn resource(id: &TwinId) -> String {
+    match &id.module_id {
+        Some(m) => format!("twins/{}/modules/{m}", id.device_id),
+        None => format!("twins/{}", id.device_id),
+    }
+}
+
+async fn get(st: Shared, id: TwinId, headers: HeaderMap) -> Result<Response, ApiError> {
+    st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
+    let twin = st.twins()?.read(&id.device_id, |s| s.twin(&id)).await??;
+    Ok(ok_json(&twin))
+}
+
+/// PATCH (`replace == false`) or PUT of a twin: validated before proposing.
+async fn write(st: Shared, id: TwinId, headers: HeaderMap, raw: Result<Bytes, BytesRejection>, replace: bool) -> Result<Response, ApiError> {
+    st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
+    validate_id("device", &id.device_id)?;
+    if let Some(m) = &id.module_id {
+        validate_id("module", m)?;
+    }
+    let doc = body::json(raw, "Twin")?;
+    let json = serde_json::to_string(&doc).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let if_match = if_match(&headers);
+    let op = if replace {
+        validate_twin_replace(&doc)?;
+        Op::ReplaceTwin { id: id.clone(), twin_json: json, if_match }
+    } else {
+        validate_twin_patch(&doc)?;
+        Op::UpdateTwin { id: id.clone(), patch_json: json, if_match }
+    };
+    match propose(&st, &id, Command::new(op, now_ms())).await? {
+        Reply::Twin(v) => Ok(ok_json(&v)),
+        other => Err(ApiError::Internal(format!("unexpected reply to a twin write: {other:?}"))),
+    }
+}
+
+pub async fn get_twin(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    get(st, TwinId::device(id), headers).await
+}
+
+pub async fn get_module_twin(
+    State(st): State<Shared>,
+    Path((id, mid)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    get(st, TwinId::module(id, mid), headers).await
+}
+
+pub async fn update_twin(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    write(st, TwinId::device(id), headers, raw, false).await
+}
+
+pub async fn replace_twin(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    write(st, TwinId::device(id), headers, raw, true).await
+}
+
+pub async fn update_module_twin(
+    State(st): State<Shared>,
+    Path((id, mid)): Path<(String, String)>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    write(st, TwinId::module(id, mid), headers, raw, false).await
+}
+
+pub async fn replace_module_twin(
+    State(st): State<Shared>,
+    Path((id, mid)): Path<(String, String)>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    write(st, TwinId::module(id, mid), headers, raw, true).await
+}

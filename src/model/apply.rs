@@ -1,0 +1,382 @@
+//! The deterministic apply of each command. Every operation validates and computes its new state
+//! first and writes only once nothing can fail any more, so a rejected command changes nothing.
+
+use serde_json::{Map, Value};
+
+use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
+use super::doc::{replace_diff, Node};
+use super::error::TwinError;
+use super::etag::etag_text;
+use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
+use super::time::NEVER;
+use super::validate::{
+    check_size, parse_json, reported_body, service_body, validate_id, Section, MAX_DESIRED_SIZE, MAX_REPORTED_SIZE,
+    MAX_TAGS_SIZE,
+};
+use super::{Event, Reply, ShardState, MAX_MODULES_PER_DEVICE};
+use crate::ids::TwinId;
+
+type Outcome = Result<Reply, TwinError>;
+
+/// `IfMatch::Any` (or none) matches any existing entity; an etag must equal the current one.
+fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: &str) -> Result<(), TwinError> {
+    match if_match {
+        None | Some(IfMatch::Any) => Ok(()),
+        Some(IfMatch::Etag(e)) if *e == etag_text(current) => Ok(()),
+        Some(IfMatch::Etag(e)) => {
+            Err(TwinError::PreconditionFailed(format!("etag {e} does not match the current etag of {what}")))
+        }
+    }
+}
+
+/// A patch that removes every member of a section: what `"tags": null` / `"desired": null` means.
+fn clear_patch(section: &Node) -> Map<String, Value> {
+    section.members().iter().map(|(k, _)| (k.to_string(), Value::Null)).collect()
+}
+
+fn effective_patch(section: Section<'_>, current: &Node) -> Option<Map<String, Value>> {
+    match section {
+        Section::Absent => None,
+        Section::Null => Some(clear_patch(current)),
+        Section::Object(m) => Some(m.clone()),
+    }
+}
+
+fn with_version(mut patch: Map<String, Value>, version: i64) -> Value {
+    patch.insert("$version".into(), Value::from(version));
+    Value::Object(patch)
+}
+
+fn not_found(id: &TwinId) -> TwinError {
+    match &id.module_id {
+        None => TwinError::DeviceNotFound(id.device_id.clone()),
+        Some(m) => TwinError::ModuleNotFound { device: id.device_id.clone(), module: m.clone() },
+    }
+}
+
+impl ShardState {
+    /// Applies one command (no dedupe here); events are produced only by accepted commands.
+    pub(super) fn apply_op(&mut self, cmd: &Command, events: &mut Vec<Event>) -> Outcome {
+        let at = cmd.timestamp_ms;
+        match &cmd.op {
+            Op::PutDevice { device, if_match } => self.put_device(cmd, device, if_match.as_ref(), events),
+            Op::DeleteDevice { device_id, if_match } => self.delete_device(device_id, if_match.as_ref(), events),
+            Op::PutModule { module, if_match } => self.put_module(cmd, module, if_match.as_ref(), events),
+            Op::DeleteModule { device_id, module_id, if_match } => {
+                self.delete_module(device_id, module_id, if_match.as_ref(), events)
+            }
+            Op::UpdateTwin { id, patch_json, if_match } => {
+                self.update_twin(id, patch_json, if_match.as_ref(), at, events)
+            }
+            Op::ReplaceTwin { id, twin_json, if_match } => {
+                self.replace_twin(id, twin_json, if_match.as_ref(), at, events)
+            }
+            Op::UpdateReported { id, patch_json } => self.update_reported(id, patch_json, at, events),
+            Op::SetConnectionState { id, connected } => self.set_connection(id, *connected, at, events),
+        }
+    }
+
+    fn next_etag(&mut self) -> u64 {
+        self.etag_seq += 1;
+        self.etag_seq
+    }
+
+    pub(super) fn twin_doc(&self, id: &TwinId) -> Result<&TwinDoc, TwinError> {
+        let dev = self.devices.get(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        match &id.module_id {
+            None => Ok(&dev.twin),
+            Some(m) => dev.modules.get(m).map(|m| &m.twin).ok_or_else(|| not_found(id)),
+        }
+    }
+
+    fn twin_doc_mut(&mut self, id: &TwinId) -> Result<&mut TwinDoc, TwinError> {
+        let dev =
+            self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        match &id.module_id {
+            None => Ok(&mut dev.twin),
+            Some(m) => dev.modules.get_mut(m).map(|m| &mut m.twin).ok_or_else(|| not_found(id)),
+        }
+    }
+
+    fn identity_mut(&mut self, id: &TwinId) -> Result<&mut Identity, TwinError> {
+        let dev =
+            self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        match &id.module_id {
+            None => Ok(&mut dev.identity),
+            Some(m) => dev.modules.get_mut(m).map(|m| &mut m.identity).ok_or_else(|| not_found(id)),
+        }
+    }
+
+    fn put_device(&mut self, cmd: &Command, spec: &DeviceSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+        let id = spec.device_id.as_str();
+        validate_id("device", id)?;
+        match (self.devices.get(id), if_match) {
+            (Some(_), None) => Err(TwinError::DeviceAlreadyExists(id.to_string())),
+            (None, Some(_)) => Err(TwinError::DeviceNotFound(id.to_string())),
+            (None, None) => {
+                let identity_etag = self.next_etag();
+                let twin_etag = self.next_etag();
+                let entry = DeviceEntry {
+                    identity: Identity::new(spec.auth.clone(), cmd.request_id, identity_etag),
+                    status: spec.status,
+                    status_reason: spec.status_reason.clone(),
+                    status_updated: NEVER,
+                    iot_edge: spec.iot_edge,
+                    twin: TwinDoc::new(twin_etag),
+                    modules: Default::default(),
+                };
+                events.push(Event::Lifecycle {
+                    id: TwinId::device(id),
+                    op_type: "createDeviceIdentity".into(),
+                    body: entry.render_twin(id, None),
+                });
+                let doc = entry.render(id);
+                self.devices.insert(id.to_string(), entry);
+                Ok(Reply::Device(doc))
+            }
+            (Some(existing), Some(im)) => {
+                check_if_match(Some(im), existing.identity.etag, &format!("device {id}"))?;
+                let etag = self.next_etag();
+                let entry = self.devices.get_mut(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
+                if entry.status != spec.status {
+                    entry.status_updated = cmd.timestamp_ms;
+                }
+                entry.status = spec.status;
+                entry.status_reason = spec.status_reason.clone();
+                entry.iot_edge = spec.iot_edge;
+                entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
+                entry.identity.etag = etag;
+                Ok(Reply::Device(entry.render(id)))
+            }
+        }
+    }
+
+    fn delete_device(&mut self, id: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+        let dev = self.devices.get(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
+        check_if_match(if_match, dev.identity.etag, &format!("device {id}"))?;
+        for (mid, m) in &dev.modules {
+            events.push(Event::Lifecycle {
+                id: TwinId::module(id, mid.as_str()),
+                op_type: "deleteModuleIdentity".into(),
+                body: dev.render_twin(id, Some((mid, m))),
+            });
+        }
+        events.push(Event::Lifecycle {
+            id: TwinId::device(id),
+            op_type: "deleteDeviceIdentity".into(),
+            body: dev.render_twin(id, None),
+        });
+        self.devices.remove(id);
+        Ok(Reply::Done)
+    }
+
+    fn put_module(&mut self, cmd: &Command, spec: &ModuleSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+        let (did, mid) = (spec.device_id.as_str(), spec.module_id.as_str());
+        validate_id("device", did)?;
+        validate_id("module", mid)?;
+        let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
+        let module_err = |e: fn(String, String) -> TwinError| e(did.to_string(), mid.to_string());
+        match (dev.modules.get(mid), if_match) {
+            (Some(_), None) => Err(module_err(|device, module| TwinError::ModuleAlreadyExists { device, module })),
+            (None, Some(_)) => Err(module_err(|device, module| TwinError::ModuleNotFound { device, module })),
+            (None, None) => {
+                if dev.modules.len() >= MAX_MODULES_PER_DEVICE {
+                    return Err(TwinError::TooManyModulesOnDevice {
+                        device: did.to_string(),
+                        max: MAX_MODULES_PER_DEVICE,
+                    });
+                }
+                let identity_etag = self.next_etag();
+                let twin_etag = self.next_etag();
+                let entry = ModuleEntry {
+                    identity: Identity::new(spec.auth.clone(), cmd.request_id, identity_etag),
+                    managed_by: spec.managed_by.clone(),
+                    twin: TwinDoc::new(twin_etag),
+                };
+                let dev = self.devices.get_mut(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
+                events.push(Event::Lifecycle {
+                    id: TwinId::module(did, mid),
+                    op_type: "createModuleIdentity".into(),
+                    body: dev.render_twin(did, Some((mid, &entry))),
+                });
+                let doc = entry.render(did, mid);
+                dev.modules.insert(mid.to_string(), entry);
+                Ok(Reply::Module(doc))
+            }
+            (Some(existing), Some(im)) => {
+                check_if_match(Some(im), existing.identity.etag, &format!("module {mid} on device {did}"))?;
+                let etag = self.next_etag();
+                let entry = self
+                    .devices
+                    .get_mut(did)
+                    .and_then(|d| d.modules.get_mut(mid))
+                    .ok_or_else(|| module_err(|device, module| TwinError::ModuleNotFound { device, module }))?;
+                entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
+                entry.managed_by = spec.managed_by.clone();
+                entry.identity.etag = etag;
+                Ok(Reply::Module(entry.render(did, mid)))
+            }
+        }
+    }
+
+    fn delete_module(&mut self, did: &str, mid: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+        let id = TwinId::module(did, mid);
+        let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
+        let m = dev.modules.get(mid).ok_or_else(|| not_found(&id))?;
+        check_if_match(if_match, m.identity.etag, &format!("module {mid} on device {did}"))?;
+        let body = dev.render_twin(did, Some((mid, m)));
+        events.push(Event::Lifecycle { id, op_type: "deleteModuleIdentity".into(), body });
+        if let Some(dev) = self.devices.get_mut(did) {
+            dev.modules.remove(mid);
+        }
+        Ok(Reply::Done)
+    }
+
+    fn update_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
+        let body = parse_json(json)?;
+        let sb = service_body(&body)?;
+        let cur = self.twin_doc(id)?;
+        check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
+        let tags_patch = effective_patch(sb.tags, &cur.tags);
+        let desired_patch = effective_patch(sb.desired, &cur.desired);
+        if tags_patch.is_none() && desired_patch.is_none() {
+            return Ok(Reply::Twin(self.twin(id)?));
+        }
+        let version = cur.version + 1;
+        let desired_version = cur.desired_version + i64::from(desired_patch.is_some());
+        let tags = match &tags_patch {
+            Some(p) => {
+                let mut n = cur.tags.clone();
+                n.merge(p, at, 0);
+                check_size("tags", n.size(), MAX_TAGS_SIZE)?;
+                Some(n)
+            }
+            None => None,
+        };
+        let desired = match &desired_patch {
+            Some(p) => {
+                let mut n = cur.desired.clone();
+                n.merge(p, at, desired_version);
+                check_size("properties.desired", n.size(), MAX_DESIRED_SIZE)?;
+                Some(n)
+            }
+            None => None,
+        };
+        let etag = self.next_etag();
+        let twin = self.twin_doc_mut(id)?;
+        twin.etag = etag;
+        twin.version = version;
+        twin.desired_version = desired_version;
+        if let Some(t) = tags {
+            twin.tags = t;
+        }
+        if let Some(d) = desired {
+            twin.desired = d;
+        }
+        let mut change = Map::new();
+        change.insert("version".into(), Value::from(version));
+        if let Some(p) = &tags_patch {
+            change.insert("tags".into(), Value::Object(p.clone()));
+        }
+        if let Some(p) = &desired_patch {
+            let mut section = p.clone();
+            section.insert("$metadata".into(), twin.desired.patch_metadata(p, true));
+            section.insert("$version".into(), Value::from(desired_version));
+            let mut props = Map::new();
+            props.insert("desired".into(), Value::Object(section));
+            change.insert("properties".into(), Value::Object(props));
+        }
+        events.push(Event::TwinChanged {
+            id: id.clone(),
+            op_type: "updateTwin".into(),
+            body: Value::Object(change),
+            version,
+        });
+        if let Some(p) = desired_patch {
+            events.push(Event::DesiredPatch {
+                id: id.clone(),
+                patch: with_version(p, desired_version),
+                desired_version,
+            });
+        }
+        Ok(Reply::Twin(self.twin(id)?))
+    }
+
+    fn replace_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
+        let body = parse_json(json)?;
+        let sb = service_body(&body)?;
+        let cur = self.twin_doc(id)?;
+        check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
+        let empty = Map::new();
+        let section_map = |s: Section<'_>| match s {
+            Section::Object(m) => m.clone(),
+            Section::Absent | Section::Null => empty.clone(),
+        };
+        let (tags_map, desired_map) = (section_map(sb.tags), section_map(sb.desired));
+        let version = cur.version + 1;
+        let desired_version = cur.desired_version + 1;
+        let tags = Node::section_from_map(&tags_map, at, 0);
+        check_size("tags", tags.size(), MAX_TAGS_SIZE)?;
+        let desired = Node::section_from_map(&desired_map, at, desired_version);
+        check_size("properties.desired", desired.size(), MAX_DESIRED_SIZE)?;
+        let diff = replace_diff(&cur.desired.to_map(), &desired_map);
+        let etag = self.next_etag();
+        let twin = self.twin_doc_mut(id)?;
+        twin.etag = etag;
+        twin.version = version;
+        twin.desired_version = desired_version;
+        twin.tags = tags;
+        twin.desired = desired;
+        let full = self.twin(id)?;
+        events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full.clone(), version });
+        events.push(Event::DesiredPatch { id: id.clone(), patch: with_version(diff, desired_version), desired_version });
+        Ok(Reply::Twin(full))
+    }
+
+    fn update_reported(&mut self, id: &TwinId, json: &str, at: i64, events: &mut Vec<Event>) -> Outcome {
+        let body = parse_json(json)?;
+        let patch = reported_body(&body)?;
+        let cur = self.twin_doc(id)?;
+        let version = cur.version + 1;
+        let reported_version = cur.reported_version + 1;
+        let mut reported = cur.reported.clone();
+        reported.merge(patch, at, reported_version);
+        check_size("properties.reported", reported.size(), MAX_REPORTED_SIZE)?;
+        let twin = self.twin_doc_mut(id)?;
+        twin.version = version;
+        twin.reported_version = reported_version;
+        twin.reported = reported;
+        let mut section = patch.clone();
+        section.insert("$metadata".into(), twin.reported.patch_metadata(patch, false));
+        section.insert("$version".into(), Value::from(reported_version));
+        let mut props = Map::new();
+        props.insert("reported".into(), Value::Object(section));
+        let mut change = Map::new();
+        change.insert("version".into(), Value::from(version));
+        change.insert("properties".into(), Value::Object(props));
+        events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body: Value::Object(change), version });
+        Ok(Reply::Reported { version: reported_version })
+    }
+
+    fn set_connection(&mut self, id: &TwinId, connected: bool, at: i64, events: &mut Vec<Event>) -> Outcome {
+        let identity = self.identity_mut(id)?;
+        identity.connected = connected;
+        identity.connection_state_updated = at;
+        identity.last_activity = at;
+        events.push(Event::Connection { id: id.clone(), connected });
+        Ok(Reply::Done)
+    }
+}
+
+/// An update keeps the keys it was not given: the front door generates keys only on create, and an
+/// update that names no keys (e.g. a status change) must not erase them.
+fn merged_auth(old: &super::command::AuthSpec, new: &super::command::AuthSpec) -> super::command::AuthSpec {
+    let mut a = new.clone();
+    if a.auth_type == old.auth_type {
+        a.primary_key = a.primary_key.or_else(|| old.primary_key.clone());
+        a.secondary_key = a.secondary_key.or_else(|| old.secondary_key.clone());
+        a.primary_thumbprint = a.primary_thumbprint.or_else(|| old.primary_thumbprint.clone());
+        a.secondary_thumbprint = a.secondary_thumbprint.or_else(|| old.secondary_thumbprint.clone());
+    }
+    a
+}

@@ -1,0 +1,21 @@
+//! Etags: base64 of an 8-byte big-endian counter, the form IoT Hub's twin etags take (`AAAAAAAAAAc=` is 7).
+//! The counter is shard-wide and only grows, so an etag is never reused, even after a device is deleted
+//! and created again, and a stale If-Match can never match by accident. It is never `*`.
+
+use base64::Engine;
+
+pub fn etag_text(counter: u64) -> String {
+    base64::engine::general_purpose::STANDARD.encode(counter.to_be_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etag_is_base64_of_big_endian_counter() {
+        assert_eq!(etag_text(7), "AAAAAAAAAAc=");
+        assert_eq!(etag_text(1), "AAAAAAAAAAE=");
+        assert_ne!(etag_text(0), "*");
+    }
+}

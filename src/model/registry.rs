@@ -1,0 +1,196 @@
+//! Identities (devices and modules) with their twins, and their REST renderings (spec §3.1–3.2).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+use super::command::{AuthSpec, RequestId, Status};
+use super::doc::Node;
+use super::etag::etag_text;
+use super::time::{format_ms, NEVER};
+
+/// What devices and modules share: authentication, connection state, identity etag.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    pub generation_id: String,
+    /// Identity etag counter (`etag` of Device/Module, `deviceEtag` of a twin).
+    pub etag: u64,
+    pub auth: AuthSpec,
+    pub connected: bool,
+    pub connection_state_updated: i64,
+    pub last_activity: i64,
+}
+
+impl Identity {
+    pub fn new(auth: AuthSpec, request_id: RequestId, etag: u64) -> Identity {
+        Identity {
+            generation_id: generation_id(request_id),
+            etag,
+            auth,
+            connected: false,
+            connection_state_updated: NEVER,
+            last_activity: NEVER,
+        }
+    }
+
+    fn connection_state(&self) -> &'static str {
+        if self.connected {
+            "Connected"
+        } else {
+            "Disconnected"
+        }
+    }
+
+    fn authentication(&self) -> Value {
+        json!({
+            "symmetricKey": {"primaryKey": self.auth.primary_key, "secondaryKey": self.auth.secondary_key},
+            "x509Thumbprint": {
+                "primaryThumbprint": self.auth.primary_thumbprint,
+                "secondaryThumbprint": self.auth.secondary_thumbprint,
+            },
+            "type": self.auth.auth_type,
+        })
+    }
+}
+
+/// IoT Hub's generationId is an 18-digit decimal; ours derives from the creating command's request id so
+/// every replica computes the same one, and a re-created device gets a new one.
+fn generation_id(request_id: RequestId) -> String {
+    format!("{:018}", request_id.0 % 1_000_000_000_000_000_000)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TwinDoc {
+    /// Twin etag counter: changes on every tags or desired change.
+    pub etag: u64,
+    pub version: i64,
+    pub tags: Node,
+    pub desired: Node,
+    pub desired_version: i64,
+    pub reported: Node,
+    pub reported_version: i64,
+}
+
+impl TwinDoc {
+    pub fn new(etag: u64) -> TwinDoc {
+        TwinDoc {
+            etag,
+            version: 1,
+            tags: Node::empty_section(),
+            desired: Node::empty_section(),
+            desired_version: 1,
+            reported: Node::empty_section(),
+            reported_version: 1,
+        }
+    }
+
+    /// The device view: `{"desired", "reported"}` with `$metadata` and `$version`.
+    pub fn properties(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("desired".into(), self.desired.render_section(self.desired_version, true));
+        m.insert("reported".into(), self.reported.render_section(self.reported_version, false));
+        Value::Object(m)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceEntry {
+    pub identity: Identity,
+    pub status: Status,
+    pub status_reason: Option<String>,
+    pub status_updated: i64,
+    pub iot_edge: bool,
+    pub twin: TwinDoc,
+    pub modules: BTreeMap<String, ModuleEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModuleEntry {
+    pub identity: Identity,
+    pub managed_by: Option<String>,
+    pub twin: TwinDoc,
+}
+
+fn status_text(s: Status) -> &'static str {
+    match s {
+        Status::Enabled => "enabled",
+        Status::Disabled => "disabled",
+    }
+}
+
+impl DeviceEntry {
+    pub fn render(&self, device_id: &str) -> Value {
+        let id = &self.identity;
+        json!({
+            "deviceId": device_id,
+            "generationId": id.generation_id,
+            "etag": etag_text(id.etag),
+            "connectionState": id.connection_state(),
+            "status": status_text(self.status),
+            "statusReason": self.status_reason,
+            "connectionStateUpdatedTime": format_ms(id.connection_state_updated),
+            "statusUpdatedTime": format_ms(self.status_updated),
+            "lastActivityTime": format_ms(id.last_activity),
+            "cloudToDeviceMessageCount": 0,
+            "authentication": id.authentication(),
+            "capabilities": {"iotEdge": self.iot_edge},
+            "deviceScope": null,
+            "parentScopes": [],
+        })
+    }
+
+    /// The service view of the device twin (or of one of its modules' twins).
+    pub fn render_twin(&self, device_id: &str, module: Option<(&str, &ModuleEntry)>) -> Value {
+        let (identity, twin) = match module {
+            Some((_, m)) => (&m.identity, &m.twin),
+            None => (&self.identity, &self.twin),
+        };
+        let mut v = Map::new();
+        v.insert("deviceId".into(), json!(device_id));
+        if let Some((mid, _)) = module {
+            v.insert("moduleId".into(), json!(mid));
+        }
+        v.insert("etag".into(), json!(etag_text(twin.etag)));
+        v.insert("deviceEtag".into(), json!(etag_text(identity.etag)));
+        v.insert("status".into(), json!(status_text(self.status)));
+        v.insert("statusReason".into(), json!(self.status_reason));
+        v.insert("statusUpdateTime".into(), json!(format_ms(self.status_updated)));
+        v.insert("connectionState".into(), json!(identity.connection_state()));
+        v.insert("lastActivityTime".into(), json!(format_ms(identity.last_activity)));
+        v.insert("cloudToDeviceMessageCount".into(), json!(0));
+        v.insert("authenticationType".into(), json!(identity.auth.auth_type));
+        v.insert(
+            "x509Thumbprint".into(),
+            json!({
+                "primaryThumbprint": identity.auth.primary_thumbprint,
+                "secondaryThumbprint": identity.auth.secondary_thumbprint,
+            }),
+        );
+        v.insert("modelId".into(), json!(""));
+        v.insert("version".into(), json!(twin.version));
+        if module.is_none() {
+            v.insert("capabilities".into(), json!({"iotEdge": self.iot_edge}));
+        }
+        v.insert("tags".into(), Value::Object(twin.tags.to_map()));
+        v.insert("properties".into(), twin.properties());
+        Value::Object(v)
+    }
+}
+
+impl ModuleEntry {
+    pub fn render(&self, device_id: &str, module_id: &str) -> Value {
+        let id = &self.identity;
+        json!({
+            "moduleId": module_id,
+            "managedBy": self.managed_by,
+            "deviceId": device_id,
+            "generationId": id.generation_id,
+            "etag": etag_text(id.etag),
+            "connectionState": id.connection_state(),
+            "connectionStateUpdatedTime": format_ms(id.connection_state_updated),
+            "lastActivityTime": format_ms(id.last_activity),
+            "cloudToDeviceMessageCount": 0,
+            "authentication": id.authentication(),
+        })
+    }
+}

@@ -1,0 +1,743 @@
+//! Behaviour of `ShardState::apply` and the validators, as IoT Hub clients observe it.
+
+use serde_json::{json, Value};
+
+use super::validate::{doc_size, MAX_DESIRED_SIZE, MAX_REPORTED_SIZE, MAX_TAGS_SIZE};
+use super::*;
+
+const T0: i64 = 1_700_000_000_000;
+
+fn auth() -> AuthSpec {
+    AuthSpec {
+        auth_type: "sas".into(),
+        primary_key: Some("cHJpbWFyeQ==".into()),
+        secondary_key: Some("c2Vjb25kYXJ5".into()),
+        primary_thumbprint: None,
+        secondary_thumbprint: None,
+    }
+}
+
+fn device_spec(id: &str) -> DeviceSpec {
+    DeviceSpec { device_id: id.into(), status: Status::Enabled, status_reason: None, auth: auth(), iot_edge: false }
+}
+
+struct Fixture {
+    state: ShardState,
+    next_req: u128,
+    clock: i64,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture { state: ShardState::default(), next_req: 1, clock: T0 }
+    }
+
+    fn with_device(id: &str) -> Fixture {
+        let mut f = Fixture::new();
+        f.must(Op::PutDevice { device: device_spec(id), if_match: None });
+        f
+    }
+
+    fn cmd(&mut self, op: Op) -> Command {
+        self.next_req += 1;
+        self.clock += 1000;
+        Command { request_id: RequestId(self.next_req), timestamp_ms: self.clock, op }
+    }
+
+    fn apply(&mut self, op: Op) -> Applied {
+        let c = self.cmd(op);
+        self.state.apply(&c)
+    }
+
+    fn must(&mut self, op: Op) -> Applied {
+        let a = self.apply(op);
+        assert!(a.result.is_ok(), "unexpected rejection: {:?}", a.result);
+        a
+    }
+
+    /// Applies and asserts a rejection that left the state exactly as it was (dedupe aside).
+    fn must_reject(&mut self, op: Op) -> TwinError {
+        let before = self.state.clone();
+        let a = self.apply(op);
+        assert!(a.events.is_empty());
+        assert_eq!(self.state.devices, before.devices, "a rejected command changed the state");
+        assert_eq!(self.state.etag_seq, before.etag_seq);
+        match a.result {
+            Err(e) => e,
+            Ok(r) => panic!("expected a rejection, got {r:?}"),
+        }
+    }
+
+    fn patch(&mut self, id: &TwinId, body: Value) -> Applied {
+        self.apply(Op::UpdateTwin { id: id.clone(), patch_json: body.to_string(), if_match: None })
+    }
+
+    fn replace(&mut self, id: &TwinId, body: Value) -> Applied {
+        self.apply(Op::ReplaceTwin { id: id.clone(), twin_json: body.to_string(), if_match: None })
+    }
+
+    fn report(&mut self, id: &TwinId, body: Value) -> Applied {
+        self.apply(Op::UpdateReported { id: id.clone(), patch_json: body.to_string() })
+    }
+
+    fn twin(&self, id: &TwinId) -> Value {
+        self.state.twin(id).unwrap_or(Value::Null)
+    }
+}
+
+fn invalid_msg(e: TwinError) -> String {
+    match e {
+        TwinError::InvalidArgument(m) => m,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
+fn dev() -> TwinId {
+    TwinId::device("d1")
+}
+
+/// A JSON object of exactly `size` (as the seeds count it), made of string members.
+fn object_of_size(size: usize) -> Value {
+    // {"k0":"…","k1":"…"} — each member `"kN":"<s>"` costs len(kN)+2+1+len(s)+2, plus commas and braces.
+    let mut m = serde_json::Map::new();
+    let mut remaining = size - 2;
+    let mut i = 0;
+    while remaining > 0 {
+        let key = format!("k{i}");
+        let overhead = key.len() + 5 + usize::from(i > 0);
+        let len = remaining.saturating_sub(overhead).min(4000);
+        m.insert(key, Value::String("x".repeat(len)));
+        remaining -= overhead + len;
+        i += 1;
+    }
+    let v = Value::Object(m);
+    assert_eq!(doc_size(&v), size);
+    v
+}
+
+fn nested(depth: usize, leaf: Value) -> Value {
+    (0..depth).fold(leaf, |inner, i| json!({ format!("l{}", depth - i): inner }))
+}
+
+// ---------------------------------------------------------------- fresh twin, rendering
+
+#[test]
+fn fresh_twin_renders_iot_hub_shape() {
+    let f = Fixture::with_device("d1");
+    let t = f.twin(&dev());
+    let never = json!({"$metadata": {"$lastUpdated": "0001-01-01T00:00:00Z"}, "$version": 1});
+    assert_eq!(t["properties"]["desired"], never);
+    assert_eq!(t["properties"]["reported"], never);
+    assert_eq!(t["version"], json!(1));
+    assert_eq!(t["etag"], json!("AAAAAAAAAAI="));
+    assert_eq!(t["deviceEtag"], json!("AAAAAAAAAAE="));
+    assert_eq!(t["tags"], json!({}));
+    assert_eq!(t["connectionState"], json!("Disconnected"));
+    assert_eq!(t["authenticationType"], json!("sas"));
+    assert_eq!(t["x509Thumbprint"], json!({"primaryThumbprint": null, "secondaryThumbprint": null}));
+    assert_eq!(t["capabilities"], json!({"iotEdge": false}));
+    assert_eq!(t["statusUpdateTime"], json!("0001-01-01T00:00:00Z"));
+    assert_eq!(
+        serde_json::to_string(&f.state.twin_properties(&dev()).unwrap_or_default()).unwrap_or_default(),
+        r#"{"desired":{"$metadata":{"$lastUpdated":"0001-01-01T00:00:00Z"},"$version":1},"reported":{"$metadata":{"$lastUpdated":"0001-01-01T00:00:00Z"},"$version":1}}"#
+    );
+}
+
+#[test]
+fn device_document_has_every_field() {
+    let f = Fixture::with_device("d1");
+    let d = f.state.device("d1").unwrap_or_default();
+    for key in [
+        "deviceId", "generationId", "etag", "connectionState", "status", "statusReason",
+        "connectionStateUpdatedTime", "statusUpdatedTime", "lastActivityTime", "cloudToDeviceMessageCount",
+        "authentication", "capabilities",
+    ] {
+        assert!(d.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(d["cloudToDeviceMessageCount"], json!(0));
+    assert_eq!(d["status"], json!("enabled"));
+    assert_eq!(d["authentication"]["symmetricKey"]["primaryKey"], json!("cHJpbWFyeQ=="));
+    assert_eq!(d["authentication"]["type"], json!("sas"));
+    assert_eq!(d["generationId"].as_str().map(str::len), Some(18));
+}
+
+// ---------------------------------------------------------------- merge, null, replace
+
+#[test]
+fn patch_merges_recursively_and_null_removes() {
+    let mut f = Fixture::with_device("d1");
+    f.patch(&dev(), json!({"tags": {"a": {"b": 1, "c": 2}}, "properties": {"desired": {"x": {"y": 1, "z": 2}}}}));
+    f.patch(&dev(), json!({"tags": {"a": {"b": null, "d": 3}}, "properties": {"desired": {"x": {"y": null}, "w": true}}}));
+    let t = f.twin(&dev());
+    assert_eq!(t["tags"], json!({"a": {"c": 2, "d": 3}}));
+    assert_eq!(t["properties"]["desired"]["x"], json!({"z": 2}));
+    assert_eq!(t["properties"]["desired"]["w"], json!(true));
+}
+
+#[test]
+fn section_null_clears_whole_section() {
+    let mut f = Fixture::with_device("d1");
+    f.patch(&dev(), json!({"tags": {"a": 1}, "properties": {"desired": {"b": 2}}}));
+    let a = f.patch(&dev(), json!({"tags": null, "properties": {"desired": null}}));
+    assert!(a.result.is_ok());
+    let t = f.twin(&dev());
+    assert_eq!(t["tags"], json!({}));
+    assert_eq!(t["properties"]["desired"]["$version"], json!(3));
+    assert!(t["properties"]["desired"].get("b").is_none());
+    let patch = a.events.iter().find_map(|e| match e {
+        Event::DesiredPatch { patch, .. } => Some(patch.clone()),
+        _ => None,
+    });
+    assert_eq!(patch, Some(json!({"b": null, "$version": 3})));
+}
+
+#[test]
+fn replace_replaces_tags_and_desired_and_missing_means_empty() {
+    let mut f = Fixture::with_device("d1");
+    f.patch(&dev(), json!({"tags": {"a": 1, "b": 2}, "properties": {"desired": {"a": 1, "b": 2}}}));
+    f.report(&dev(), json!({"r": 1}));
+    let a = f.replace(&dev(), json!({"tags": {"only": true}, "properties": {"desired": {"a": 1, "c": 100}}}));
+    assert!(a.result.is_ok());
+    let t = f.twin(&dev());
+    assert_eq!(t["tags"], json!({"only": true}));
+    assert_eq!(t["properties"]["desired"]["a"], json!(1));
+    assert!(t["properties"]["desired"].get("b").is_none());
+    assert_eq!(t["properties"]["reported"]["r"], json!(1), "replace must not touch reported");
+    let patch = a.events.iter().find_map(|e| match e {
+        Event::DesiredPatch { patch, desired_version, .. } => Some((patch.clone(), *desired_version)),
+        _ => None,
+    });
+    assert_eq!(patch, Some((json!({"a": 1, "c": 100, "b": null, "$version": 3}), 3)));
+
+    f.replace(&dev(), json!({"tags": {"t": 1}}));
+    let t = f.twin(&dev());
+    assert_eq!(t["properties"]["desired"]["$version"], json!(4));
+    assert_eq!(t["properties"]["desired"]["$metadata"]["$lastUpdatedVersion"], json!(4));
+    assert!(t["properties"]["desired"].get("a").is_none());
+}
+
+#[test]
+fn reported_patch_merges_with_null_removal() {
+    let mut f = Fixture::with_device("d1");
+    let a = f.report(&dev(), json!({"fw": "1.0", "nested": {"a": 1, "b": 2}}));
+    assert_eq!(a.result, Ok(Reply::Reported { version: 2 }));
+    let a = f.report(&dev(), json!({"nested": {"a": null}}));
+    assert_eq!(a.result, Ok(Reply::Reported { version: 3 }));
+    let p = f.state.twin_properties(&dev()).unwrap_or_default();
+    assert_eq!(p["reported"]["nested"], json!({"b": 2}));
+    assert_eq!(p["reported"]["fw"], json!("1.0"));
+    assert!(p["reported"]["$metadata"].get("$lastUpdatedVersion").is_none(), "reported has no $lastUpdatedVersion");
+}
+
+#[test]
+fn service_body_ignores_identity_members_and_empty_reported() {
+    let mut f = Fixture::with_device("d1");
+    let body = json!({"deviceId": "d1", "etag": "*", "version": null, "status": "enabled", "moduleId": null,
+        "tags": {"a": 1}, "properties": {"desired": {"b": 2}, "reported": {}}});
+    assert!(validate_twin_patch(&body).is_ok());
+    assert!(f.patch(&dev(), body.clone()).result.is_ok());
+    assert!(f.replace(&dev(), body).result.is_ok());
+    assert_eq!(f.twin(&dev())["tags"], json!({"a": 1}));
+}
+
+#[test]
+fn service_body_rejects_reported_and_unknown_members() {
+    let mut f = Fixture::with_device("d1");
+    let m = invalid_msg(f.must_reject(Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"properties": {"reported": {"x": 1}}}).to_string(),
+        if_match: None,
+    }));
+    assert!(m.contains("properties.reported"), "{m}");
+    let m = invalid_msg(f.must_reject(Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"tags": {}, "bogus": 1, "other": 2}).to_string(),
+        if_match: None,
+    }));
+    assert!(m.contains("bogus") && m.contains("other"), "{m}");
+    let m = invalid_msg(f.must_reject(Op::UpdateTwin { id: dev(), patch_json: "{not json".into(), if_match: None }));
+    assert!(m.contains("malformed JSON"), "{m}");
+    assert!(validate_twin_patch(&json!({"tags": 5})).is_err());
+    assert!(validate_twin_patch(&json!([1])).is_err());
+    assert!(validate_reported_patch(&json!("x")).is_err());
+}
+
+// ---------------------------------------------------------------- metadata
+
+#[test]
+fn metadata_at_every_level_with_last_updated_version() {
+    let mut f = Fixture::with_device("d1");
+    f.patch(&dev(), json!({"properties": {"desired": {"a": {"b": {"c": 1}}, "s": "x"}}}));
+    let first = f.clock;
+    f.patch(&dev(), json!({"properties": {"desired": {"s": "y"}}}));
+    let second = f.clock;
+    let d = &f.twin(&dev())["properties"]["desired"];
+    let meta = &d["$metadata"];
+    let ts = |ms| json!(time::format_ms(ms));
+    assert_eq!(meta["$lastUpdated"], ts(second));
+    assert_eq!(meta["$lastUpdatedVersion"], json!(3));
+    assert_eq!(meta["a"]["$lastUpdated"], ts(first));
+    assert_eq!(meta["a"]["$lastUpdatedVersion"], json!(2));
+    assert_eq!(meta["a"]["b"]["$lastUpdated"], ts(first));
+    assert_eq!(meta["a"]["b"]["c"], json!({"$lastUpdated": time::format_ms(first), "$lastUpdatedVersion": 2}));
+    assert_eq!(meta["s"], json!({"$lastUpdated": time::format_ms(second), "$lastUpdatedVersion": 3}));
+    assert_eq!(d["$version"], json!(3));
+    assert!(time::format_ms(second).ends_with("Z") && time::format_ms(second).len() == 24);
+}
+
+#[test]
+fn removal_stays_visible_in_parent_metadata() {
+    let mut f = Fixture::with_device("d1");
+    f.report(&dev(), json!({"a": {"b": 1, "c": 2}}));
+    let first = f.clock;
+    f.report(&dev(), json!({"a": {"b": null}}));
+    let second = f.clock;
+    let meta = &f.twin(&dev())["properties"]["reported"]["$metadata"];
+    assert_eq!(meta["a"]["$lastUpdated"], json!(time::format_ms(second)));
+    assert_eq!(meta["a"]["c"]["$lastUpdated"], json!(time::format_ms(first)));
+    assert!(meta["a"].get("b").is_none());
+}
+
+// ---------------------------------------------------------------- versions and etags
+
+#[test]
+fn desired_version_moves_exactly_one_per_desired_change() {
+    let mut f = Fixture::with_device("d1");
+    for expected in 2..6 {
+        // Unchanged values still count as a change, as on IoT Hub.
+        f.patch(&dev(), json!({"properties": {"desired": {"a": 1}}}));
+        assert_eq!(f.twin(&dev())["properties"]["desired"]["$version"], json!(expected));
+    }
+    // Removing a key that never existed still moves the desired version.
+    f.patch(&dev(), json!({"properties": {"desired": {"ghost": null}}}));
+    assert_eq!(f.twin(&dev())["properties"]["desired"]["$version"], json!(6));
+    // Tags alone do not.
+    f.patch(&dev(), json!({"tags": {"t": 1}}));
+    assert_eq!(f.twin(&dev())["properties"]["desired"]["$version"], json!(6));
+    // A reported patch neither.
+    f.report(&dev(), json!({"r": 1}));
+    let t = f.twin(&dev());
+    assert_eq!(t["properties"]["desired"]["$version"], json!(6));
+    assert_eq!(t["properties"]["reported"]["$version"], json!(2));
+    assert_eq!(t["version"], json!(8));
+}
+
+#[test]
+fn etag_changes_on_tags_and_desired_only_and_is_never_star() {
+    let mut f = Fixture::with_device("d1");
+    let e0 = f.twin(&dev())["etag"].clone();
+    f.patch(&dev(), json!({"tags": {"a": 1}}));
+    let e1 = f.twin(&dev())["etag"].clone();
+    f.patch(&dev(), json!({"properties": {"desired": {"a": 1}}}));
+    let e2 = f.twin(&dev())["etag"].clone();
+    f.report(&dev(), json!({"a": 1}));
+    let e3 = f.twin(&dev())["etag"].clone();
+    f.apply(Op::SetConnectionState { id: dev(), connected: true });
+    let e4 = f.twin(&dev())["etag"].clone();
+    assert_ne!(e0, e1);
+    assert_ne!(e1, e2);
+    assert_eq!(e2, e3);
+    assert_eq!(e3, e4);
+    for e in [e0, e1, e2] {
+        assert_ne!(e, json!("*"));
+    }
+    assert_eq!(f.state.twin_etag(&dev()).map(Value::String), Ok(f.twin(&dev())["etag"].clone()));
+}
+
+#[test]
+fn device_etag_changes_on_identity_update() {
+    let mut f = Fixture::with_device("d1");
+    let before = f.state.device("d1").unwrap_or_default();
+    let mut spec = device_spec("d1");
+    spec.status = Status::Disabled;
+    spec.auth.primary_key = None;
+    let etag = before["etag"].as_str().unwrap_or_default().to_string();
+    let a = f.must(Op::PutDevice { device: spec, if_match: Some(IfMatch::Etag(etag)) });
+    let Ok(Reply::Device(after)) = a.result else { panic!("expected a Device reply") };
+    assert_ne!(before["etag"], after["etag"]);
+    assert_eq!(after["status"], json!("disabled"));
+    assert_eq!(after["statusUpdatedTime"], json!(time::format_ms(f.clock)));
+    assert_eq!(after["authentication"]["symmetricKey"]["primaryKey"], json!("cHJpbWFyeQ=="), "keys kept");
+    assert_eq!(f.state.stats(), DeviceStats { total: 1, enabled: 0, disabled: 1 });
+    assert_eq!(f.state.credentials(&dev()).map(|c| c.enabled), Some(false));
+}
+
+// ---------------------------------------------------------------- If-Match
+
+#[test]
+fn if_match_rules() {
+    let mut f = Fixture::with_device("d1");
+    let etag = f.state.twin_etag(&dev()).unwrap_or_default();
+    let body = json!({"tags": {"a": 1}}).to_string();
+    let ok = f.apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Etag(etag.clone())) });
+    assert!(ok.result.is_ok());
+    // The etag moved: the old one is stale now.
+    let e = f.must_reject(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Etag(etag.clone())) });
+    assert!(matches!(e, TwinError::PreconditionFailed(_)));
+    let e = f.must_reject(Op::ReplaceTwin { id: dev(), twin_json: body.clone(), if_match: Some(IfMatch::Etag(etag)) });
+    assert!(matches!(e, TwinError::PreconditionFailed(_)));
+    assert!(f.apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Any) }).result.is_ok());
+    // `*` on a missing twin is still "not found".
+    let e = f.must_reject(Op::UpdateTwin { id: TwinId::device("nope"), patch_json: body, if_match: Some(IfMatch::Any) });
+    assert_eq!(e, TwinError::DeviceNotFound("nope".into()));
+}
+
+#[test]
+fn put_device_create_update_and_conflicts() {
+    let mut f = Fixture::with_device("d1");
+    let e = f.must_reject(Op::PutDevice { device: device_spec("d1"), if_match: None });
+    assert_eq!(e, TwinError::DeviceAlreadyExists("d1".into()));
+    let e = f.must_reject(Op::PutDevice { device: device_spec("d2"), if_match: Some(IfMatch::Any) });
+    assert_eq!(e, TwinError::DeviceNotFound("d2".into()));
+    let e = f.must_reject(Op::PutDevice { device: device_spec("d1"), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
+    assert!(matches!(e, TwinError::PreconditionFailed(_)));
+    assert!(f.apply(Op::PutDevice { device: device_spec("d1"), if_match: Some(IfMatch::Any) }).result.is_ok());
+    let e = f.must_reject(Op::DeleteDevice { device_id: "d1".into(), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
+    assert!(matches!(e, TwinError::PreconditionFailed(_)));
+    let e = f.must_reject(Op::PutDevice { device: device_spec("bad id"), if_match: None });
+    assert!(invalid_msg(e).contains("device id"));
+}
+
+// ---------------------------------------------------------------- modules and cascade
+
+fn module_spec(d: &str, m: &str) -> ModuleSpec {
+    ModuleSpec { device_id: d.into(), module_id: m.into(), managed_by: None, auth: auth() }
+}
+
+#[test]
+fn module_limit_is_twenty() {
+    let mut f = Fixture::with_device("d1");
+    for i in 0..MAX_MODULES_PER_DEVICE {
+        f.must(Op::PutModule { module: module_spec("d1", &format!("m{i}")), if_match: None });
+    }
+    let e = f.must_reject(Op::PutModule { module: module_spec("d1", "one-too-many"), if_match: None });
+    assert_eq!(e, TwinError::TooManyModulesOnDevice { device: "d1".into(), max: MAX_MODULES_PER_DEVICE });
+    assert_eq!(f.state.modules("d1").map(|m| m.len()), Ok(MAX_MODULES_PER_DEVICE));
+}
+
+#[test]
+fn module_conflicts_and_missing_device() {
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutModule { module: module_spec("d1", "m"), if_match: None });
+    let e = f.must_reject(Op::PutModule { module: module_spec("d1", "m"), if_match: None });
+    assert_eq!(e, TwinError::ModuleAlreadyExists { device: "d1".into(), module: "m".into() });
+    let e = f.must_reject(Op::PutModule { module: module_spec("d1", "x"), if_match: Some(IfMatch::Any) });
+    assert_eq!(e, TwinError::ModuleNotFound { device: "d1".into(), module: "x".into() });
+    let e = f.must_reject(Op::PutModule { module: module_spec("zz", "m"), if_match: None });
+    assert_eq!(e, TwinError::DeviceNotFound("zz".into()));
+    let m = f.state.module("d1", "m").unwrap_or_default();
+    assert_eq!(m["moduleId"], json!("m"));
+    assert_eq!(m["deviceId"], json!("d1"));
+    let mt = f.twin(&TwinId::module("d1", "m"));
+    assert_eq!(mt["moduleId"], json!("m"));
+    assert_eq!(mt["properties"]["desired"]["$version"], json!(1));
+    f.must(Op::DeleteModule { device_id: "d1".into(), module_id: "m".into(), if_match: Some(IfMatch::Any) });
+    assert!(f.state.module("d1", "m").is_err());
+}
+
+#[test]
+fn deleting_a_device_deletes_its_modules_and_twins() {
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutModule { module: module_spec("d1", "m1"), if_match: None });
+    f.must(Op::PutModule { module: module_spec("d1", "m2"), if_match: None });
+    let a = f.must(Op::DeleteDevice { device_id: "d1".into(), if_match: Some(IfMatch::Any) });
+    assert_eq!(a.result, Ok(Reply::Done));
+    let ops: Vec<&str> = a
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Lifecycle { op_type, .. } => Some(op_type.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ops, ["deleteModuleIdentity", "deleteModuleIdentity", "deleteDeviceIdentity"]);
+    assert_eq!(f.state.device("d1"), None);
+    assert!(f.state.twin(&TwinId::module("d1", "m1")).is_err());
+    assert!(f.state.credentials(&TwinId::module("d1", "m2")).is_none());
+    assert_eq!(f.state.stats().total, 0);
+    // Re-created: fresh twin, new etags (never reused).
+    let old_etag = "AAAAAAAAAAI=";
+    f.must(Op::PutDevice { device: device_spec("d1"), if_match: None });
+    assert_ne!(f.twin(&dev())["etag"], json!(old_etag));
+    assert_eq!(f.twin(&dev())["version"], json!(1));
+}
+
+#[test]
+fn listing_pages_in_id_order() {
+    let mut f = Fixture::new();
+    for id in ["c", "a", "b"] {
+        f.must(Op::PutDevice { device: device_spec(id), if_match: None });
+    }
+    let ids = |v: Vec<Value>| v.iter().map(|d| d["deviceId"].as_str().unwrap_or_default().to_string()).collect::<Vec<_>>();
+    assert_eq!(ids(f.state.devices(None, 10)), ["a", "b", "c"]);
+    assert_eq!(ids(f.state.devices(Some("a"), 1)), ["b"]);
+}
+
+// ---------------------------------------------------------------- duplicates
+
+#[test]
+fn duplicate_request_id_answers_first_outcome_without_reapplying() {
+    let mut f = Fixture::with_device("d1");
+    let c = f.cmd(Op::UpdateReported { id: dev(), patch_json: json!({"a": 1}).to_string() });
+    let first = f.state.apply(&c);
+    assert_eq!(first.result, Ok(Reply::Reported { version: 2 }));
+    assert!(!first.events.is_empty());
+    let again = f.state.apply(&c);
+    assert_eq!(again.result, first.result);
+    assert!(again.events.is_empty());
+    assert_eq!(f.twin(&dev())["properties"]["reported"]["$version"], json!(2));
+
+    let c = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"a": 1}}}).to_string(), if_match: None });
+    let first = f.state.apply(&c);
+    let again = f.state.apply(&c);
+    assert_eq!(again.result, first.result);
+    assert_eq!(f.twin(&dev())["properties"]["desired"]["$version"], json!(2));
+
+    let c = f.cmd(Op::PutDevice { device: device_spec("d1"), if_match: None });
+    let first = f.state.apply(&c);
+    assert!(matches!(first.result, Err(TwinError::DeviceAlreadyExists(_))));
+    assert_eq!(f.state.apply(&c).result, first.result);
+}
+
+// ---------------------------------------------------------------- events
+
+#[test]
+fn update_emits_twin_changed_and_desired_patch() {
+    let mut f = Fixture::with_device("d1");
+    let a = f.patch(&dev(), json!({"tags": {"t": 1}, "properties": {"desired": {"interval": 5, "gone": null}}}));
+    let ts = time::format_ms(f.clock);
+    assert_eq!(a.events.len(), 2);
+    match &a.events[0] {
+        Event::TwinChanged { id, op_type, body, version } => {
+            assert_eq!(id, &dev());
+            assert_eq!(op_type, "updateTwin");
+            assert_eq!(*version, 2);
+            assert_eq!(
+                body,
+                &json!({"version": 2, "tags": {"t": 1}, "properties": {"desired": {
+                    "interval": 5, "gone": null,
+                    "$metadata": {"$lastUpdated": ts, "$lastUpdatedVersion": 2,
+                                  "interval": {"$lastUpdated": ts, "$lastUpdatedVersion": 2}},
+                    "$version": 2}}})
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(
+        a.events[1],
+        Event::DesiredPatch { id: dev(), patch: json!({"interval": 5, "gone": null, "$version": 2}), desired_version: 2 }
+    );
+}
+
+#[test]
+fn reported_change_event_carries_nulls() {
+    let mut f = Fixture::with_device("d1");
+    f.report(&dev(), json!({"testContent": "x"}));
+    let a = f.report(&dev(), json!({"testContent": null}));
+    let body = a.events.iter().find_map(|e| match e {
+        Event::TwinChanged { body, .. } => Some(body.clone()),
+        _ => None,
+    });
+    let body = body.unwrap_or_default();
+    assert_eq!(body["properties"]["reported"]["testContent"], Value::Null);
+    assert!(body["properties"]["reported"].as_object().is_some_and(|m| m.contains_key("testContent")));
+    assert_eq!(body["properties"]["reported"]["$version"], json!(3));
+    assert!(!a.events.iter().any(|e| matches!(e, Event::DesiredPatch { .. })));
+}
+
+#[test]
+fn lifecycle_and_connection_events() {
+    let mut f = Fixture::new();
+    let a = f.must(Op::PutDevice { device: device_spec("d1"), if_match: None });
+    assert!(matches!(&a.events[..], [Event::Lifecycle { op_type, body, .. }] if op_type == "createDeviceIdentity" && body["deviceId"] == "d1"));
+    let a = f.must(Op::SetConnectionState { id: dev(), connected: true });
+    assert_eq!(a.events, vec![Event::Connection { id: dev(), connected: true }]);
+    let d = f.state.device("d1").unwrap_or_default();
+    assert_eq!(d["connectionState"], json!("Connected"));
+    assert_eq!(d["connectionStateUpdatedTime"], json!(time::format_ms(f.clock)));
+    assert_eq!(d["lastActivityTime"], json!(time::format_ms(f.clock)));
+    assert_eq!(f.twin(&dev())["version"], json!(1), "connection state is not a twin change");
+    let e = f.must_reject(Op::SetConnectionState { id: TwinId::module("d1", "m"), connected: true });
+    assert_eq!(e, TwinError::ModuleNotFound { device: "d1".into(), module: "m".into() });
+}
+
+// ---------------------------------------------------------------- limits at their boundaries
+
+fn reject_patch(f: &mut Fixture, body: Value) -> String {
+    assert!(validate_twin_patch(&body).is_err(), "validator accepted {body}");
+    invalid_msg(f.must_reject(Op::UpdateTwin { id: dev(), patch_json: body.to_string(), if_match: None }))
+}
+
+fn accept_patch(f: &mut Fixture, body: Value) {
+    assert_eq!(validate_twin_patch(&body), Ok(()));
+    let a = f.patch(&dev(), body);
+    assert!(a.result.is_ok(), "{:?}", a.result);
+}
+
+#[test]
+fn key_length_boundary() {
+    let mut f = Fixture::with_device("d1");
+    accept_patch(&mut f, json!({"tags": {"k".repeat(1024): 1}}));
+    let m = reject_patch(&mut f, json!({"tags": {"a": {"k".repeat(1025): 1}}}));
+    assert!(m.contains("tags.a") && m.contains("1024"), "{m}");
+    // Multi-byte characters count in UTF-8 bytes: 512 × 'é' = 1024 bytes.
+    accept_patch(&mut f, json!({"tags": {"é".repeat(512): 1}}));
+    reject_patch(&mut f, json!({"tags": {format!("{}x", "é".repeat(512)): 1}}));
+}
+
+#[test]
+fn key_characters() {
+    let mut f = Fixture::with_device("d1");
+    for bad in ["a.b", "$a", "a b", "a\u{1}", "a\u{85}", ""] {
+        let m = reject_patch(&mut f, json!({"properties": {"desired": {"x": {bad: 1}}}}));
+        assert!(m.contains("properties.desired.x"), "{m}");
+    }
+    accept_patch(&mut f, json!({"properties": {"desired": {"a-b_c:d@é": 1}}}));
+    // Reported keys follow the same rules.
+    assert!(validate_reported_patch(&json!({"a.b": 1})).is_err());
+    assert!(f.report(&dev(), json!({"$x": 1})).result.is_err());
+}
+
+#[test]
+fn string_length_boundary() {
+    let mut f = Fixture::with_device("d1");
+    accept_patch(&mut f, json!({"properties": {"desired": {"s": "x".repeat(4096)}}}));
+    let m = reject_patch(&mut f, json!({"properties": {"desired": {"s": "x".repeat(4097)}}}));
+    assert!(m.contains("properties.desired.s") && m.contains("4096"), "{m}");
+    // Inside arrays too.
+    let m = reject_patch(&mut f, json!({"tags": {"arr": [1, "x".repeat(4097)]}}));
+    assert!(m.contains("tags.arr[1]"), "{m}");
+}
+
+#[test]
+fn integer_range_boundary() {
+    let mut f = Fixture::with_device("d1");
+    accept_patch(&mut f, json!({"tags": {"max": 4_503_599_627_370_495_i64, "min": -4_503_599_627_370_496_i64}}));
+    let m = reject_patch(&mut f, json!({"tags": {"n": 4_503_599_627_370_496_i64}}));
+    assert!(m.contains("tags.n") && m.contains("4503599627370495"), "{m}");
+    reject_patch(&mut f, json!({"tags": {"n": -4_503_599_627_370_497_i64}}));
+    let huge: Value = serde_json::from_str(r#"{"tags": {"n": 123456789012345678901234567890}}"#).unwrap_or_default();
+    reject_patch(&mut f, huge);
+    accept_patch(&mut f, json!({"tags": {"f": 1.5e300}}));
+    // Stored exactly.
+    assert_eq!(f.twin(&dev())["tags"]["max"], json!(4_503_599_627_370_495_i64));
+}
+
+#[test]
+fn depth_boundary() {
+    let mut f = Fixture::with_device("d1");
+    // The guide's deepest valid example: ten nested objects, then a leaf.
+    accept_patch(&mut f, json!({"tags": nested(10, json!({"property": "value"}))}));
+    accept_patch(&mut f, json!({"properties": {"desired": nested(9, json!({"property": "value"}))}}));
+    let m = reject_patch(&mut f, json!({"tags": nested(11, json!({"property": "value"}))}));
+    assert!(m.contains("tags.l1.l2") && m.contains("10"), "{m}");
+    reject_patch(&mut f, json!({"properties": {"desired": nested(10, json!({"p": {}}))}}));
+    // Arrays count as a level.
+    accept_patch(&mut f, json!({"tags": nested(9, json!({"arr": [1, 2]}))}));
+    reject_patch(&mut f, json!({"tags": nested(10, json!({"arr": [1, 2]}))}));
+    let too_deep_report = nested(11, json!({"p": 1}));
+    assert!(validate_reported_patch(&too_deep_report).is_err());
+}
+
+#[test]
+fn section_size_boundaries_on_request() {
+    let mut f = Fixture::with_device("d1");
+    accept_patch(&mut f, json!({"tags": object_of_size(MAX_TAGS_SIZE)}));
+    let m = reject_patch(&mut f, json!({"tags": object_of_size(MAX_TAGS_SIZE + 1)}));
+    assert!(m.contains("tags") && m.contains("8192"), "{m}");
+    accept_patch(&mut f, json!({"properties": {"desired": object_of_size(MAX_DESIRED_SIZE)}}));
+    let m = reject_patch(&mut f, json!({"properties": {"desired": object_of_size(MAX_DESIRED_SIZE + 1)}}));
+    assert!(m.contains("properties.desired") && m.contains("32768"), "{m}");
+    assert_eq!(validate_reported_patch(&object_of_size(MAX_REPORTED_SIZE)), Ok(()));
+    assert!(validate_reported_patch(&object_of_size(MAX_REPORTED_SIZE + 1)).is_err());
+    assert_eq!(validate_twin_replace(&json!({"tags": object_of_size(MAX_TAGS_SIZE)})), Ok(()));
+    assert!(validate_twin_replace(&json!({"tags": object_of_size(MAX_TAGS_SIZE + 1)})).is_err());
+}
+
+#[test]
+fn merged_size_is_checked_in_apply() {
+    let mut f = Fixture::with_device("d1");
+    // Fill tags to the limit minus the room of `,"b":1` (6): exactly full after it.
+    accept_patch(&mut f, json!({"tags": object_of_size(MAX_TAGS_SIZE - 6)}));
+    // Each patch alone is small; merged, one fits exactly and the next is one over.
+    accept_patch(&mut f, json!({"tags": {"b": 1}}));
+    assert_eq!(doc_size(&f.twin(&dev())["tags"]), MAX_TAGS_SIZE);
+    let version = f.twin(&dev())["version"].clone();
+    let body = json!({"tags": {"b": 12}});
+    assert_eq!(validate_twin_patch(&body), Ok(()));
+    let m = invalid_msg(f.must_reject(Op::UpdateTwin { id: dev(), patch_json: body.to_string(), if_match: None }));
+    assert!(m.contains("tags") && m.contains("8192"), "{m}");
+    assert_eq!(f.twin(&dev())["version"], version);
+    // Removing something makes room again.
+    accept_patch(&mut f, json!({"tags": {"k0": null, "b": 12}}));
+
+    // Reported: the same on the merged result.
+    let big = "x".repeat(4000);
+    let mut g = Fixture::with_device("d1");
+    for i in 0..8 {
+        assert!(g.report(&dev(), json!({ format!("k{i}"): big })).result.is_ok());
+    }
+    let reported = g.state.twin_properties(&dev()).unwrap_or_default()["reported"].clone();
+    let mut members = reported.as_object().cloned().unwrap_or_default();
+    members.remove("$metadata");
+    members.remove("$version");
+    let used = doc_size(&Value::Object(members));
+    let room = MAX_REPORTED_SIZE - used - 1; // minus the comma
+    // `"zz":"…"` costs 7 + len.
+    assert!(g.report(&dev(), json!({"zz": "y".repeat(room - 7)})).result.is_ok());
+    let before = g.state.clone();
+    let a = g.report(&dev(), json!({"z2": ""}));
+    assert!(matches!(a.result, Err(TwinError::InvalidArgument(ref m)) if m.contains("properties.reported")));
+    assert_eq!(g.state.devices, before.devices);
+}
+
+#[test]
+fn replace_size_limit() {
+    let mut f = Fixture::with_device("d1");
+    let ok = f.replace(&dev(), json!({"properties": {"desired": object_of_size(MAX_DESIRED_SIZE)}}));
+    assert!(ok.result.is_ok());
+    let e = f.must_reject(Op::ReplaceTwin {
+        id: dev(),
+        twin_json: json!({"properties": {"desired": object_of_size(MAX_DESIRED_SIZE + 1)}}).to_string(),
+        if_match: None,
+    });
+    assert!(invalid_msg(e).contains("properties.desired"));
+}
+
+#[test]
+fn ids_are_validated() {
+    assert_eq!(validate_id("device", &"a".repeat(128)), Ok(()));
+    assert!(invalid_msg(validate_id("device", &"a".repeat(129)).err().unwrap_or(TwinError::InvalidArgument(String::new()))).contains("device"));
+    assert_eq!(validate_id("module", "a-:.+%_#*?!(),=@;$'Z9"), Ok(()));
+    for bad in ["", "a/b", "a b", "é", "a&b"] {
+        let e = validate_id("module", bad);
+        assert!(matches!(&e, Err(TwinError::InvalidArgument(m)) if m.contains("module")), "{bad:?}: {e:?}");
+    }
+}
+
+// ---------------------------------------------------------------- snapshot
+
+#[test]
+fn snapshot_round_trips_exactly() {
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutModule { module: module_spec("d1", "m"), if_match: None });
+    f.patch(&dev(), json!({"tags": {"a": [1, {"b": null}], "n": 4503599627370495_i64}, "properties": {"desired": {"x": {"y": 0.1}}}}));
+    f.report(&TwinId::module("d1", "m"), json!({"r": "é\u{1}"}));
+    f.apply(Op::SetConnectionState { id: dev(), connected: true });
+    f.apply(Op::PutDevice { device: device_spec("d1"), if_match: None }); // a remembered error
+    let bytes = f.state.encode_snapshot();
+    assert!(!bytes.is_empty());
+    let back = ShardState::decode_snapshot(&bytes);
+    assert_eq!(back.as_ref().ok(), Some(&f.state));
+    let mut back = back.unwrap_or_default();
+    assert_eq!(back.twin(&dev()), f.state.twin(&dev()));
+    // The dedupe window survived: replaying the last command is still a duplicate.
+    let c = Command { request_id: RequestId(f.next_req), timestamp_ms: f.clock, op: Op::PutDevice { device: device_spec("d1"), if_match: None } };
+    assert!(matches!(back.apply(&c).result, Err(TwinError::DeviceAlreadyExists(_))));
+    // And the etag counter continues.
+    let a = back.apply(&Command { request_id: RequestId(999_999), timestamp_ms: f.clock + 1, op: Op::UpdateTwin { id: dev(), patch_json: "{\"tags\":{}}".into(), if_match: None } });
+    assert!(a.result.is_ok());
+    assert!(back.etag_seq > f.state.etag_seq);
+    assert!(ShardState::decode_snapshot(b"garbage").is_err());
+    assert!(ShardState::decode_snapshot(&[]).is_err());
+}

@@ -1,0 +1,56 @@
+//! ISO-8601 rendering of the unix-millisecond timestamps that commands carry. No clock here: apply must
+//! be deterministic, so every time it writes comes from the command.
+
+/// Marks a time that was never set; renders as IoT Hub's `0001-01-01T00:00:00Z`.
+pub const NEVER: i64 = i64::MIN;
+
+const NEVER_TEXT: &str = "0001-01-01T00:00:00Z";
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC, milliseconds), as IoT Hub's `$lastUpdated`. Times before the unix
+/// epoch cannot come from a proposer's clock, so they render as "never set" rather than as odd dates.
+pub fn format_ms(ms: i64) -> String {
+    if ms < 0 {
+        return NEVER_TEXT.to_string();
+    }
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    let (h, min, s, milli) =
+        (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
+}
+
+/// Howard Hinnant's `civil_from_days`: proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_epoch_and_known_instants() {
+        assert_eq!(format_ms(0), "1970-01-01T00:00:00.000Z");
+        // 2016-03-30T16:24:48.789Z, the docs' example.
+        assert_eq!(format_ms(1_459_355_088_789), "2016-03-30T16:24:48.789Z");
+        // A leap day.
+        assert_eq!(format_ms(951_782_400_001), "2000-02-29T00:00:00.001Z");
+        assert_eq!(format_ms(1_700_000_000_000), "2023-11-14T22:13:20.000Z");
+    }
+
+    #[test]
+    fn never_set_renders_as_year_one() {
+        assert_eq!(format_ms(NEVER), "0001-01-01T00:00:00Z");
+        assert_eq!(format_ms(-1), "0001-01-01T00:00:00Z");
+    }
+}

@@ -1,0 +1,282 @@
+//! Limits and key rules of twin documents, with the newest developer guide's values (where the seeds
+//! differ, the newest wins): keys ≤ 1 KB, strings ≤ 4 KB, integers in ±2^52, depth ≤ 10, tags ≤ 8 KB,
+//! desired and reported ≤ 32 KB each.
+//!
+//! Choices made precise here:
+//! - **KB** is 1024. Key and string limits count UTF-8 bytes.
+//! - **Depth**: the section object (`tags`, `properties.desired`, `properties.reported`) is level 0; a
+//!   container (object or array) that is a member's value is one level below its parent. Containers may
+//!   reach level 10, so the guide's example `tags.one.two…ten.property` is the deepest valid shape.
+//! - **Size**, as the guide says, counts every character of the document's JSON text except control
+//!   characters (C0, C1) and spaces outside strings: the compact text, with strings counted by their
+//!   characters (not their escapes), control characters not counted. `$metadata` and `$version` are not
+//!   part of a section. Members whose value is `null` in a patch are removals and do not count.
+//! - Arrays are accepted; their elements are checked like any value (strings, numbers, nested objects'
+//!   keys), and an array counts as a level of depth.
+
+use serde_json::{Map, Number, Value};
+
+use super::error::TwinError;
+
+pub const MAX_KEY_BYTES: usize = 1024;
+pub const MAX_STRING_BYTES: usize = 4096;
+pub const MAX_DEPTH: usize = 10;
+pub const MAX_TAGS_SIZE: usize = 8 * 1024;
+pub const MAX_DESIRED_SIZE: usize = 32 * 1024;
+pub const MAX_REPORTED_SIZE: usize = 32 * 1024;
+pub const MIN_INTEGER: i128 = -4_503_599_627_370_496;
+pub const MAX_INTEGER: i128 = 4_503_599_627_370_495;
+
+/// Identity members the SDKs send back inside twin bodies (they serialise a whole Twin object). They
+/// are not writable through the twin API, so they are accepted and ignored.
+const IGNORED_MEMBERS: &[&str] = &[
+    "deviceId",
+    "moduleId",
+    "etag",
+    "deviceEtag",
+    "version",
+    "status",
+    "statusReason",
+    "statusUpdateTime",
+    "statusUpdatedTime",
+    "connectionState",
+    "connectionStateUpdatedTime",
+    "lastActivityTime",
+    "cloudToDeviceMessageCount",
+    "authenticationType",
+    "x509Thumbprint",
+    "modelId",
+    "capabilities",
+    "deviceScope",
+    "parentScopes",
+    "generationId",
+    "managedBy",
+];
+
+/// A section of a service body.
+#[derive(Clone, Copy, Debug)]
+pub enum Section<'a> {
+    Absent,
+    /// `"tags": null` / `"desired": null`: clear the whole section.
+    Null,
+    Object(&'a Map<String, Value>),
+}
+
+/// The parts of a service twin body that write anything.
+#[derive(Clone, Copy, Debug)]
+pub struct ServiceBody<'a> {
+    pub tags: Section<'a>,
+    pub desired: Section<'a>,
+}
+
+/// Parses the text of a command's JSON body.
+pub fn parse_json(text: &str) -> Result<Value, TwinError> {
+    serde_json::from_str(text).map_err(|e| TwinError::InvalidArgument(format!("malformed JSON body: {e}")))
+}
+
+/// Splits and fully validates a service PATCH or PUT body. The two differ only in
+/// what a missing or null section means, which the caller decides; the rules checked are the same.
+pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
+    let Value::Object(top) = body else {
+        return Err(invalid("the twin body must be a JSON object"));
+    };
+    let unknown: Vec<&str> =
+        top.keys().map(String::as_str).filter(|k| !matches!(*k, "tags" | "properties") && !IGNORED_MEMBERS.contains(k)).collect();
+    if !unknown.is_empty() {
+        return Err(invalid(&format!("unknown twin member(s): {}", unknown.join(", "))));
+    }
+    let tags = section(top.get("tags"), "tags")?;
+    let mut desired = Section::Absent;
+    match top.get("properties") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(props)) => {
+            let unknown: Vec<&str> =
+                props.keys().map(String::as_str).filter(|k| !matches!(*k, "desired" | "reported")).collect();
+            if !unknown.is_empty() {
+                return Err(invalid(&format!("unknown member(s) of properties: {}", unknown.join(", "))));
+            }
+            match props.get("reported") {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(r)) if r.is_empty() => {}
+                Some(_) => {
+                    return Err(invalid("properties.reported cannot be written by the service; only the device updates it"))
+                }
+            }
+            desired = section(props.get("desired"), "properties.desired")?;
+        }
+        Some(_) => return Err(invalid("properties must be a JSON object")),
+    }
+    check_section(tags, "tags", MAX_TAGS_SIZE)?;
+    check_section(desired, "properties.desired", MAX_DESIRED_SIZE)?;
+    Ok(ServiceBody { tags, desired })
+}
+
+/// Validates a device's reported patch and returns its members.
+pub fn reported_body(body: &Value) -> Result<&Map<String, Value>, TwinError> {
+    let Value::Object(m) = body else {
+        return Err(invalid("the reported properties patch must be a JSON object"));
+    };
+    check_section(Section::Object(m), "properties.reported", MAX_REPORTED_SIZE)?;
+    Ok(m)
+}
+
+fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinError> {
+    match v {
+        None => Ok(Section::Absent),
+        Some(Value::Null) => Ok(Section::Null),
+        Some(Value::Object(m)) => Ok(Section::Object(m)),
+        Some(_) => Err(invalid(&format!("{path} must be a JSON object or null"))),
+    }
+}
+
+/// Keys, values and depth of a section, and its size. For a patch, the size checked is that of the
+/// patch without its removals: the merged result contains all of it, so a patch over the limit can only
+/// give a result over the limit (apply checks the merged result itself).
+fn check_section(s: Section<'_>, path: &str, limit: usize) -> Result<(), TwinError> {
+    let Section::Object(m) = s else { return Ok(()) };
+    check_members(m, path, 0)?;
+    check_size(path, map_size(m), limit)
+}
+
+pub fn check_size(path: &str, size: usize, limit: usize) -> Result<(), TwinError> {
+    if size > limit {
+        return Err(invalid(&format!(
+            "{path} has size {size}, over the limit of {limit} ({} KB; characters of its JSON text, \
+             $metadata and $version excluded)",
+            limit / 1024
+        )));
+    }
+    Ok(())
+}
+
+fn check_members(m: &Map<String, Value>, path: &str, level: usize) -> Result<(), TwinError> {
+    for (k, v) in m {
+        let child = format!("{path}.{k}");
+        check_key(path, k)?;
+        check_value(v, &child, level + 1)?;
+    }
+    Ok(())
+}
+
+fn check_key(path: &str, key: &str) -> Result<(), TwinError> {
+    if key.is_empty() {
+        return Err(invalid(&format!("empty key in {path}")));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(invalid(&format!(
+            "key in {path} is {} bytes, over the limit of {MAX_KEY_BYTES} bytes",
+            key.len()
+        )));
+    }
+    if let Some(c) = key.chars().find(|c| c.is_control() || matches!(c, '.' | '$' | ' ')) {
+        return Err(invalid(&format!(
+            "key {:?} in {path} contains {:?}; keys cannot contain control characters, '.', '$' or space",
+            key, c
+        )));
+    }
+    Ok(())
+}
+
+/// `level` is the level a container at `path` would have.
+fn check_value(v: &Value, path: &str, level: usize) -> Result<(), TwinError> {
+    match v {
+        Value::Null | Value::Bool(_) => Ok(()),
+        Value::Number(n) => check_number(n, path),
+        Value::String(s) if s.len() > MAX_STRING_BYTES => Err(invalid(&format!(
+            "string at {path} is {} bytes, over the limit of {MAX_STRING_BYTES} bytes",
+            s.len()
+        ))),
+        Value::String(_) => Ok(()),
+        Value::Object(m) => {
+            check_level(path, level)?;
+            check_members(m, path, level)
+        }
+        Value::Array(items) => {
+            check_level(path, level)?;
+            items.iter().enumerate().try_for_each(|(i, item)| check_value(item, &format!("{path}[{i}]"), level + 1))
+        }
+    }
+}
+
+fn check_level(path: &str, level: usize) -> Result<(), TwinError> {
+    if level > MAX_DEPTH {
+        return Err(invalid(&format!("{path} is nested {level} levels deep, over the maximum depth of {MAX_DEPTH}")));
+    }
+    Ok(())
+}
+
+fn check_number(n: &Number, path: &str) -> Result<(), TwinError> {
+    let text = n.to_string();
+    if text.contains(['.', 'e', 'E']) {
+        return match n.as_f64() {
+            Some(f) if f.is_finite() => Ok(()),
+            _ => Err(invalid(&format!("number at {path} is out of range"))),
+        };
+    }
+    match text.parse::<i128>() {
+        Ok(i) if (MIN_INTEGER..=MAX_INTEGER).contains(&i) => Ok(()),
+        _ => Err(invalid(&format!(
+            "integer at {path} is outside the allowed range [{MIN_INTEGER}, {MAX_INTEGER}]"
+        ))),
+    }
+}
+
+/// Characters of a string as it counts in a size: its characters plus two quotes, control characters
+/// not counted.
+pub fn text_size(s: &str) -> usize {
+    2 + s.chars().filter(|c| !c.is_control()).count()
+}
+
+/// Size of a JSON document as defined in the module doc (null members of objects count).
+pub fn doc_size(v: &Value) -> usize {
+    match v {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(n) => n.to_string().chars().count(),
+        Value::String(s) => text_size(s),
+        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(doc_size).sum::<usize>(),
+        Value::Object(m) => {
+            2 + m.len().saturating_sub(1) + m.iter().map(|(k, v)| text_size(k) + 1 + doc_size(v)).sum::<usize>()
+        }
+    }
+}
+
+/// Size of an object patch without its removals (members whose value is `null`, at any level).
+pub fn map_size(m: &Map<String, Value>) -> usize {
+    let kept: Vec<(&String, &Value)> = m.iter().filter(|(_, v)| !v.is_null()).collect();
+    2 + kept.len().saturating_sub(1)
+        + kept
+            .iter()
+            .map(|(k, v)| {
+                text_size(k)
+                    + 1
+                    + match v {
+                        Value::Object(inner) => map_size(inner),
+                        other => doc_size(other),
+                    }
+            })
+            .sum::<usize>()
+}
+
+fn invalid(msg: &str) -> TwinError {
+    TwinError::InvalidArgument(msg.to_string())
+}
+
+/// Device and module ids: ≤ 128 ASCII alphanumerics plus `- : . + % _ # * ? ! ( ) , = @ ; $ '`.
+pub fn validate_id(kind: &str, id: &str) -> Result<(), TwinError> {
+    const MAX_ID: usize = 128;
+    const EXTRA: &str = "-:.+%_#*?!(),=@;$'";
+    if id.is_empty() {
+        return Err(invalid(&format!("{kind} id is empty")));
+    }
+    if id.len() > MAX_ID {
+        return Err(invalid(&format!("{kind} id is {} characters, over the limit of {MAX_ID}", id.len())));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || EXTRA.contains(*c))) {
+        return Err(invalid(&format!(
+            "{kind} id {id:?} contains {c:?}; allowed are ASCII letters, digits and {EXTRA}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,351 @@
+//! The single writer of the node's Raft database: group commit across every shard.
+//!
+//! Every durable change of every shard (log appends, truncations, purges, votes, committed ids,
+//! snapshots) is a [`Request`] sent to one writer thread. The thread takes *everything* pending,
+//! writes it to fjall as one batch (so it is readable at once), tells each waiting caller that its
+//! write is visible, then fsyncs once (`PersistMode::SyncAll`) and only after that completes each
+//! append's `IOFlushed` callback and each vote save's signal.
+//!
+//! Durability argument: fjall has one journal per database and writes it sequentially, so an fsync
+//! makes durable every batch written before it, across all shards. A callback is completed only by
+//! the fsync that followed the write of its own batch, so no append is acknowledged to openraft
+//! before it is on disk; and since openraft counts the leader's own log towards the quorum only once
+//! acknowledged, nothing is committed (or answered) before its fsync. Because the journal is a single
+//! ordered file, what survives a crash is always a prefix of the order in which this thread wrote, so
+//! the per-shard rule "a later write is never durable before an earlier one" also holds for
+//! truncations and purges that are not themselves synced.
+//!
+//! Failure: the first write or fsync error fails every request of the batch and every later one
+//! (fjall poisons itself too). openraft turns the failed callback into a `StorageError`, which stops
+//! the group: a shard stops serving rather than acknowledge what it could not persist.
+//!
+//! Throughput: one fsync (~0.2 ms here) serves every shard's pending appends, which is where the
+//! difference between ~7k and ~270k entries/s comes from.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
+use fjall::{Database, Keyspace, PersistMode};
+use openraft::storage::IOFlushed;
+use tokio::sync::oneshot;
+
+use super::types::TypeConfig;
+
+/// Which keyspace an [`Item`] goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    Log,
+    Meta,
+}
+
+/// One key change.
+pub enum Item {
+    Put(Space, Vec<u8>, Vec<u8>),
+    Del(Space, Vec<u8>),
+}
+
+impl Item {
+    fn key(&self) -> (Space, &[u8]) {
+        match self {
+            Item::Put(s, k, _) | Item::Del(s, k) => (*s, k),
+        }
+    }
+}
+
+/// What the caller is told once its items are on disk.
+pub enum Durable {
+    /// Nothing: visibility is enough (the next fsync covers it).
+    None,
+    /// openraft's append callback.
+    Flushed(IOFlushed<TypeConfig>),
+    /// A caller that must not return before its write is durable (votes, snapshots).
+    Signal(oneshot::Sender<io::Result<()>>),
+}
+
+/// A set of changes written atomically in one batch.
+pub struct Request {
+    pub items: Vec<Item>,
+    /// Told once the items are visible to readers (before the fsync).
+    pub written: Option<oneshot::Sender<io::Result<()>>>,
+    pub durable: Durable,
+}
+
+enum Msg {
+    Write(Request),
+    /// Flush, sync and stop the thread.
+    Stop(oneshot::Sender<io::Result<()>>),
+    /// Test hook: behave as if the disk had failed.
+    #[cfg(test)]
+    Fail,
+}
+
+/// Handle of the writer thread.
+pub struct GroupCommit {
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// fsyncs done so far (metrics; tests check that batches share them).
+    syncs: Arc<AtomicU64>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Upper bound of requests in one batch, so that one fsync never waits behind an unbounded write.
+const MAX_BATCH: usize = 4096;
+
+impl GroupCommit {
+    pub fn start(db: Database, log: Keyspace, meta: Keyspace) -> io::Result<GroupCommit> {
+        let (tx, rx) = mpsc::channel();
+        let syncs = Arc::new(AtomicU64::new(0));
+        let writer = Writer { db, log, meta, failed: None, syncs: syncs.clone() };
+        let thread = std::thread::Builder::new().name("raft-group-commit".into()).spawn(move || writer.run(rx))?;
+        Ok(GroupCommit { tx: Mutex::new(Some(tx)), syncs, thread: Mutex::new(Some(thread)) })
+    }
+
+    pub fn sync_count(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    fn sender(&self) -> Option<mpsc::Sender<Msg>> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Queues a request. If the writer is gone, the request fails at once (callbacks included).
+    pub fn submit(&self, req: Request) {
+        let Some(tx) = self.sender() else {
+            fail(req, &stopped());
+            return;
+        };
+        if let Err(mpsc::SendError(Msg::Write(req))) = tx.send(Msg::Write(req)) {
+            fail(req, &stopped());
+        }
+    }
+
+    /// Writes `items` and returns once they are visible to readers (durable at the next fsync).
+    pub async fn write(&self, items: Vec<Item>) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Request { items, written: Some(tx), durable: Durable::None });
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Writes `items` and returns once they are durable.
+    pub async fn write_durable(&self, items: Vec<Item>) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Request { items, written: None, durable: Durable::Signal(tx) });
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Writes `items`, returns once they are visible, and completes `flushed` after the fsync.
+    pub async fn append(&self, items: Vec<Item>, flushed: IOFlushed<TypeConfig>) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Request { items, written: Some(tx), durable: Durable::Flushed(flushed) });
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Test hook: every later write fails as if the disk had failed.
+    #[cfg(test)]
+    pub fn inject_failure(&self) {
+        if let Some(tx) = self.sender() {
+            let _ = tx.send(Msg::Fail);
+        }
+    }
+
+    /// Syncs whatever is pending and stops the thread. Later requests fail.
+    pub async fn stop(&self) -> io::Result<()> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let result = match tx {
+            Some(tx) => {
+                let (done_tx, done_rx) = oneshot::channel();
+                match tx.send(Msg::Stop(done_tx)) {
+                    Ok(()) => done_rx.await.map_err(|_| stopped()).and_then(|r| r),
+                    Err(_) => Err(stopped()),
+                }
+            }
+            None => Ok(()),
+        };
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        result
+    }
+}
+
+fn stopped() -> io::Error {
+    io::Error::new(io::ErrorKind::BrokenPipe, "raft storage writer stopped")
+}
+
+fn fail(req: Request, err: &io::Error) {
+    let e = || io::Error::new(err.kind(), err.to_string());
+    if let Some(w) = req.written {
+        let _ = w.send(Err(e()));
+    }
+    complete(req.durable, Err(e()));
+}
+
+fn complete(durable: Durable, result: io::Result<()>) {
+    match durable {
+        Durable::None => {}
+        Durable::Flushed(cb) => cb.io_completed(result),
+        Durable::Signal(tx) => {
+            let _ = tx.send(result);
+        }
+    }
+}
+
+struct Writer {
+    db: Database,
+    log: Keyspace,
+    meta: Keyspace,
+    /// The first I/O error: once storage failed, nothing more is written or acknowledged.
+    failed: Option<String>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl Writer {
+    fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        while let Ok(first) = rx.recv() {
+            let mut reqs = Vec::new();
+            let mut stop = None;
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                match msg {
+                    Msg::Write(r) => reqs.push(r),
+                    Msg::Stop(done) => stop = Some(done),
+                    #[cfg(test)]
+                    Msg::Fail => self.failed = Some("injected disk failure".into()),
+                }
+                if stop.is_none() && reqs.len() < MAX_BATCH {
+                    next = rx.try_recv().ok();
+                }
+            }
+            self.commit(reqs);
+            if let Some(done) = stop {
+                let result = self.sync();
+                let _ = done.send(result);
+                return;
+            }
+        }
+        // Every sender is gone: make what was written durable before exiting.
+        let _ = self.sync();
+    }
+
+    fn commit(&mut self, reqs: Vec<Request>) {
+        if let Some(msg) = &self.failed {
+            let err = io::Error::other(msg.clone());
+            reqs.into_iter().for_each(|r| fail(r, &err));
+            return;
+        }
+        if let Err(e) = self.write(&reqs) {
+            self.failed = Some(format!("raft storage write failed: {e}"));
+            let err = io::Error::other(e.to_string());
+            reqs.into_iter().for_each(|r| fail(r, &err));
+            return;
+        }
+        let mut durables = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            if let Some(w) = req.written {
+                let _ = w.send(Ok(()));
+            }
+            if !matches!(req.durable, Durable::None) {
+                durables.push(req.durable);
+            }
+        }
+        if durables.is_empty() {
+            return;
+        }
+        let result = self.sync();
+        for d in durables {
+            complete(d, result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
+        }
+    }
+
+    /// Writes all requests in as few fjall batches as possible. Items of one batch share a sequence
+    /// number, so two changes of the same key must go to different batches to keep their order.
+    fn write(&self, reqs: &[Request]) -> Result<(), fjall::Error> {
+        let mut batch = self.db.batch();
+        let mut keys: HashSet<(Space, &[u8])> = HashSet::new();
+        for req in reqs {
+            if req.items.iter().any(|i| keys.contains(&i.key())) {
+                std::mem::replace(&mut batch, self.db.batch()).commit()?;
+                keys.clear();
+            }
+            for item in &req.items {
+                keys.insert(item.key());
+                match item {
+                    Item::Put(s, k, v) => batch.insert(self.space(*s), k.as_slice(), v.as_slice()),
+                    Item::Del(s, k) => batch.remove(self.space(*s), k.as_slice()),
+                }
+            }
+        }
+        batch.commit()
+    }
+
+    fn space(&self, s: Space) -> &Keyspace {
+        match s {
+            Space::Log => &self.log,
+            Space::Meta => &self.meta,
+        }
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        if let Some(msg) = &self.failed {
+            return Err(io::Error::other(msg.clone()));
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.db.persist(PersistMode::SyncAll).map_err(|e| {
+            self.failed = Some(format!("raft storage fsync failed: {e}"));
+            io::Error::other(e.to_string())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::store::{log_key, Store};
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_durable_writes_share_fsyncs_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let before = store.writer.sync_count();
+        let mut tasks = Vec::new();
+        for shard in 0..16u32 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50u64 {
+                    let item = Item::Put(Space::Log, log_key(shard, i), vec![shard as u8, i as u8]);
+                    store.writer.write_durable(vec![item]).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let syncs = store.writer.sync_count() - before;
+        assert!(syncs < 16 * 50, "every durable write took its own fsync ({syncs})");
+        store.writer.stop().await.unwrap();
+        drop(store);
+
+        let store = Store::open(dir.path()).unwrap();
+        for shard in 0..16u32 {
+            for i in 0..50u64 {
+                let v = store.log.get(log_key(shard, i)).unwrap().expect("durable write lost");
+                assert_eq!(&v[..], &[shard as u8, i as u8]);
+            }
+        }
+        store.writer.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn requests_after_stop_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.writer.stop().await.unwrap();
+        let item = Item::Put(Space::Meta, vec![1], vec![2]);
+        assert!(store.writer.write_durable(vec![item]).await.is_err());
+    }
+}

@@ -1,0 +1,120 @@
+//! openraft's log storage for one shard, on the node's shared fjall database.
+//!
+//! Reads go straight to fjall; every write is a request to the group-commit writer, which makes it
+//! visible before `append` returns and durable before the `IOFlushed` callback fires.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
+
+use super::group_commit::{Item, Space};
+use super::store::{encode, log_key, MetaKey, Store};
+use super::types::{Entry, LogId, TypeConfig, Vote};
+use crate::ids::ShardId;
+
+/// The log of one shard. Cheap to clone: clones are the log readers replication tasks use.
+#[derive(Clone)]
+pub struct LogStore {
+    shard: ShardId,
+    store: Arc<Store>,
+}
+
+impl LogStore {
+    pub fn new(shard: ShardId, store: Arc<Store>) -> Self {
+        LogStore { shard, store }
+    }
+}
+
+fn bounds<RB: RangeBounds<u64>>(range: &RB) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let (start, end) = bounds(&range);
+        self.store.entries(self.shard, start, end)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.store.get_meta(self.shard, MetaKey::Vote)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged: Option<LogId> = self.store.get_meta(self.shard, MetaKey::LastPurged)?;
+        let last = match self.store.last_entry(self.shard)? {
+            Some(e) => Some(e.log_id()),
+            None => last_purged,
+        };
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let item = Store::put_meta(self.shard, MetaKey::Vote, vote)?;
+        self.store.writer.write_durable(vec![item]).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        // Rides on the next fsync: a committed id that is lost in a crash only means openraft
+        // re-learns it, while one that survives lets a restart re-apply everything acknowledged.
+        let item = match committed {
+            Some(c) => Store::put_meta(self.shard, MetaKey::Committed, &c)?,
+            None => Item::Del(Space::Meta, super::store::meta_key(self.shard, MetaKey::Committed)),
+        };
+        self.store.writer.write(vec![item]).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        self.store.get_meta(self.shard, MetaKey::Committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut items = Vec::new();
+        for e in entries {
+            items.push(Item::Put(Space::Log, log_key(self.shard, e.index()), encode(&e)?));
+        }
+        self.store.writer.append(items, callback).await
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map(|l| l.index + 1).unwrap_or(0);
+        let items = self.store.delete_range(self.shard, from, u64::MAX)?;
+        self.store.writer.write(items).await
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        // The marker and the deletions are one batch: a crash never leaves a hole below a stale marker.
+        let mut items = vec![Store::put_meta(self.shard, MetaKey::LastPurged, &log_id)?];
+        items.extend(self.store.delete_range(self.shard, 0, log_id.index + 1)?);
+        self.store.writer.write(items).await
+    }
+}

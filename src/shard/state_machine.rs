@@ -1,0 +1,178 @@
+//! openraft's state machine for one shard: `model::ShardState` in memory, snapshots durable in fjall.
+//!
+//! The state itself is transient. What survives a restart is the latest snapshot (state bytes plus the
+//! last applied log id and membership) and the log after it: on open the snapshot is loaded, and
+//! openraft re-applies the committed log (the committed id is saved by the log store), so every
+//! acknowledged write is back and `$version` continues.
+
+use std::io;
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures::{Stream, StreamExt};
+use openraft::entry::RaftEntry;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+
+use super::group_commit::Item;
+use super::store::{MetaKey, Store};
+use super::types::{LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::ids::ShardId;
+use crate::model::{Applied, Reply, ShardState};
+
+/// Applied state of a shard, shared with the shard's readers.
+#[derive(Default)]
+pub struct AppliedState {
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub state: ShardState,
+}
+
+pub type SharedState = Arc<RwLock<AppliedState>>;
+
+pub struct StateMachine {
+    shard: ShardId,
+    store: Arc<Store>,
+    shared: SharedState,
+    /// Meta of the durable snapshot; serializes snapshot writes so an older one never replaces a newer.
+    snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
+}
+
+fn reply_done() -> Applied {
+    Applied { result: Ok(Reply::Done), events: Vec::new() }
+}
+
+fn invalid(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+impl StateMachine {
+    /// Opens the shard's state machine from its latest durable snapshot, if any.
+    pub fn open(shard: ShardId, store: Arc<Store>) -> io::Result<StateMachine> {
+        let stored = store.snapshot(shard)?;
+        let mut applied = AppliedState::default();
+        let mut meta = None;
+        if let Some((m, data)) = stored {
+            applied.state = ShardState::decode_snapshot(&data).map_err(invalid)?;
+            applied.last_applied = m.last_log_id;
+            applied.membership = m.last_membership.clone();
+            meta = Some(m);
+        }
+        Ok(StateMachine {
+            shard,
+            store,
+            shared: Arc::new(RwLock::new(applied)),
+            snapshot: Arc::new(Mutex::new(meta)),
+        })
+    }
+
+    pub fn shared(&self) -> SharedState {
+        self.shared.clone()
+    }
+
+    fn builder(&self) -> SnapshotBuilder {
+        SnapshotBuilder { shard: self.shard, store: self.store.clone(), shared: self.shared.clone(), snapshot: self.snapshot.clone() }
+    }
+}
+
+/// Writes a snapshot durably unless a newer one is already stored; returns whether it was written.
+async fn persist_snapshot(
+    shard: ShardId,
+    store: &Store,
+    current: &Mutex<Option<SnapshotMeta>>,
+    meta: &SnapshotMeta,
+    data: &[u8],
+) -> io::Result<bool> {
+    {
+        let cur = current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cur) = cur.as_ref() {
+            if cur.last_log_id > meta.last_log_id {
+                return Ok(false);
+            }
+        }
+    }
+    let items = vec![
+        Store::put_meta(shard, MetaKey::SnapshotMeta, meta)?,
+        Item::Put(super::group_commit::Space::Meta, super::store::meta_key(shard, MetaKey::SnapshotData), data.to_vec()),
+    ];
+    store.writer.write_durable(items).await?;
+    let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
+    if cur.as_ref().is_none_or(|c| c.last_log_id <= meta.last_log_id) {
+        *cur = Some(meta.clone());
+    }
+    Ok(true)
+}
+
+pub struct SnapshotBuilder {
+    shard: ShardId,
+    store: Arc<Store>,
+    shared: SharedState,
+    snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let (meta, data) = {
+            let a = self.shared.read().unwrap_or_else(|e| e.into_inner());
+            let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+            (meta, a.state.encode_snapshot())
+        };
+        persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, &data).await?;
+        Ok(Snapshot { meta, snapshot: data })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        let a = self.shared.read().unwrap_or_else(|e| e.into_inner());
+        Ok((a.last_applied, a.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let log_id = entry.log_id();
+            let outcome = {
+                let mut a = self.shared.write().unwrap_or_else(|e| e.into_inner());
+                a.last_applied = Some(log_id);
+                match &entry.payload {
+                    EntryPayload::Blank => reply_done(),
+                    EntryPayload::Normal(cmd) => a.state.apply(cmd),
+                    EntryPayload::Membership(m) => {
+                        a.membership = StoredMembership::new(Some(log_id), m.clone());
+                        reply_done()
+                    }
+                }
+            };
+            if let Some(r) = responder {
+                r.send(outcome);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.builder()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
+        let state = ShardState::decode_snapshot(&snapshot).map_err(invalid)?;
+        persist_snapshot(self.shard, &self.store, &self.snapshot, meta, &snapshot).await?;
+        let mut a = self.shared.write().unwrap_or_else(|e| e.into_inner());
+        a.state = state;
+        a.last_applied = meta.last_log_id;
+        a.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(self.store.snapshot(self.shard)?.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+    }
+}

@@ -1,0 +1,191 @@
+//! Storage conformance (openraft's suite) and restart tests of the shard layer.
+
+use std::sync::Arc;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::storage::RaftLogStorage;
+use openraft::testing::log::{StoreBuilder, Suite};
+use openraft::type_config::TypeConfigExt;
+use openraft::StorageError;
+
+use super::log_store::LogStore;
+use super::state_machine::StateMachine;
+use super::store::Store;
+use super::types::TypeConfig;
+use super::{Shards, ShardsConfig};
+use crate::ids::TwinId;
+use crate::model::{AuthSpec, Command, DeviceSpec, Op, Reply, Status};
+
+struct FjallBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for FjallBuilder {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
+        let dir = tempfile::tempdir().map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+        let store = Arc::new(Store::open(dir.path()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?);
+        let sm = StateMachine::open(3, store.clone()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+        Ok((dir, LogStore::new(3, store), sm))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fjall_store_passes_openraft_storage_suite() {
+    Suite::test_all(FjallBuilder).await.expect("storage suite");
+}
+
+fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> ShardsConfig {
+    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every }
+}
+
+fn put_device(id: &str) -> Command {
+    Command::new(
+        Op::PutDevice {
+            device: DeviceSpec {
+                device_id: id.into(),
+                status: Status::Enabled,
+                status_reason: None,
+                auth: AuthSpec {
+                    auth_type: "sas".into(),
+                    primary_key: Some("cHJpbWFyeQ==".into()),
+                    secondary_key: Some("c2Vjb25kYXJ5".into()),
+                    primary_thumbprint: None,
+                    secondary_thumbprint: None,
+                },
+                iot_edge: false,
+            },
+            if_match: None,
+        },
+        1_700_000_000_000,
+    )
+}
+
+fn report(id: &str, n: u64) -> Command {
+    Command::new(
+        Op::UpdateReported { id: TwinId::device(id), patch_json: format!("{{\"n\":{n}}}") },
+        1_700_000_000_000 + n as i64,
+    )
+}
+
+fn must_reported_version(r: &Reply) -> i64 {
+    match r {
+        Reply::Reported { version } => *version,
+        other => panic!("expected Reported, got {other:?}"),
+    }
+}
+
+/// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
+async fn must_twin(shards: &Shards, id: &str) -> (i64, i64) {
+    let twin = shards.for_device(id).read(|s| s.twin(&TwinId::device(id))).await.expect("read").expect("twin");
+    let reported = &twin["properties"]["reported"];
+    (reported["$version"].as_i64().expect("$version"), reported["n"].as_i64().expect("n"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_survive_reopen_and_versions_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = Shards::open(config(dir.path(), 4, 10_000)).await.expect("open");
+    assert_eq!(shards.shard_count(), 4);
+
+    for d in ["dev-a", "dev-b", "dev-c"] {
+        let applied = shards.for_device(d).write(put_device(d)).await.expect("write");
+        assert!(matches!(applied.result, Ok(Reply::Device(_))), "{applied:?}");
+    }
+    // Pipelined writes answer in proposal order with consecutive versions.
+    let mut rxs = Vec::new();
+    for n in 1..=20 {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        shards.for_device("dev-a").write_pipelined(report("dev-a", n), tx);
+        rxs.push(rx);
+    }
+    let mut versions = Vec::new();
+    for rx in rxs {
+        let applied = rx.await.expect("answered").expect("applied");
+        versions.push(must_reported_version(applied.result.as_ref().expect("ok")));
+    }
+    assert!(versions.windows(2).all(|w| w[1] == w[0] + 1), "{versions:?}");
+    let last = *versions.last().unwrap();
+    assert_eq!(must_twin(&shards, "dev-a").await, (last, 20));
+    shards.shutdown().await;
+    drop(shards);
+
+    let shards = Shards::open(config(dir.path(), 4, 10_000)).await.expect("reopen");
+    assert_eq!(must_twin(&shards, "dev-a").await, (last, 20));
+    for d in ["dev-b", "dev-c"] {
+        assert!(shards.for_device(d).read_local(|s| s.device(d)).is_some(), "{d} lost");
+    }
+    let applied = shards.for_device("dev-a").write(report("dev-a", 21)).await.expect("write after reopen");
+    assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
+    shards.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_and_purge_then_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = Shards::open(config(dir.path(), 1, 10)).await.expect("open");
+    let shard = shards.shards[0].clone();
+    shard.write(put_device("dev-s")).await.expect("create");
+    let mut last = 0;
+    for n in 1..=60 {
+        let applied = shard.write(report("dev-s", n)).await.expect("write");
+        last = must_reported_version(applied.result.as_ref().expect("ok"));
+    }
+    // The snapshot policy builds a snapshot and purges the log behind it.
+    shard
+        .raft
+        .wait(Some(std::time::Duration::from_secs(10)))
+        .metrics(|m| m.purged.is_some() && m.snapshot.is_some(), "snapshot and purge")
+        .await
+        .expect("snapshot + purge");
+    let purged = shard.raft.metrics().borrow_watched().purged.expect("purged");
+    shards.shutdown().await;
+    drop((shard, shards));
+
+    // What is on disk: a snapshot, and a log starting after the purge point.
+    {
+        let store = Arc::new(Store::open(&dir.path().join("raft")).expect("store"));
+        let (meta, _) = store.snapshot(0).expect("read").expect("snapshot stored");
+        assert!(meta.last_log_id >= Some(purged), "snapshot {meta:?} behind purge {purged:?}");
+        let mut log = LogStore::new(0, store.clone());
+        let state = log.get_log_state().await.expect("log state");
+        assert_eq!(state.last_purged_log_id, Some(purged));
+        assert!(store.entries(0, 0, purged.index + 1).expect("entries").is_empty(), "purged entries still there");
+        store.writer.stop().await.expect("stop");
+    }
+
+    let shards = Shards::open(config(dir.path(), 1, 10)).await.expect("reopen");
+    assert_eq!(must_twin(&shards, "dev-s").await, (last, 60));
+    let applied = shards.shards[0].write(report("dev-s", 61)).await.expect("write after reopen");
+    assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
+    shards.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_after_shutdown_fail_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = Shards::open(config(dir.path(), 1, 10_000)).await.expect("open");
+    shards.shutdown().await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shards.shards[0].write_pipelined(report("x", 1), tx);
+    assert!(matches!(rx.await.expect("answered"), Err(super::ShardError::ShuttingDown { .. })));
+    assert!(shards.shards[0].write(report("x", 2)).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_failure_stops_the_shard_instead_of_acknowledging() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = Shards::open(config(dir.path(), 1, 10_000)).await.expect("open");
+    let shard = shards.shards[0].clone();
+    shard.write(put_device("dev-f")).await.expect("healthy write");
+
+    shards.store.writer.inject_failure();
+    let err = shard.write(report("dev-f", 1)).await.expect_err("must not acknowledge");
+    assert!(matches!(err, super::ShardError::Storage { .. }), "{err:?}");
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shard.write_pipelined(report("dev-f", 2), tx);
+    let err = rx.await.expect("answered").expect_err("must not acknowledge");
+    assert!(matches!(err, super::ShardError::Storage { .. }), "{err:?}");
+    // Nothing of the failed writes was applied.
+    let reported = shard.read_local(|s| s.twin(&TwinId::device("dev-f"))).expect("twin");
+    assert!(reported["properties"]["reported"].get("n").is_none(), "{reported}");
+    shards.shutdown().await;
+}
+

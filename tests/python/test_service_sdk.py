@@ -1,0 +1,248 @@
+"""Conformance: the official, unmodified `azure-iot-hub` 2.7.0 service SDK against the real twinhub binary.
+
+The binary is taken from $TWINHUB_BIN (default: target/debug/twinhub relative to the repository root).
+It is started on a temporary data directory; the SDK trusts the generated CA through REQUESTS_CA_BUNDLE.
+A missing binary or SDK is a failure, never a skip.
+"""
+
+import base64
+import os
+import pathlib
+import select
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from azure.iot.hub import IoTHubRegistryManager
+from azure.iot.hub.models import Twin, TwinProperties
+from msrest.exceptions import HttpOperationError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+START_TIMEOUT = 90
+
+
+def _binary():
+    b = pathlib.Path(os.environ.get("TWINHUB_BIN", REPO / "target" / "debug" / "twinhub"))
+    if not b.is_absolute():
+        b = REPO / b
+    if not b.exists():
+        pytest.fail(f"twinhub binary not found at {b}: run `cargo build` first or set TWINHUB_BIN")
+    return b
+
+
+class Hub:
+    def __init__(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="twinhub-py-")
+        self.data_dir = pathlib.Path(self.tmp.name) / "data"
+        self.log_path = pathlib.Path(self.tmp.name) / "server.log"
+        self.log = open(self.log_path, "wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TWINHUB_")}
+        args = [str(_binary()), "serve", "--data-dir", str(self.data_dir),
+                "--http-listen", "127.0.0.1:0", "--hostname", "localhost"]
+        help_text = subprocess.run([str(_binary()), "serve", "--help"], capture_output=True, text=True).stdout
+        if "--mqtt-listen" in help_text:
+            args += ["--mqtt-listen", "127.0.0.1:0"]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env)
+        self.connection_string = self._read_line()
+        self.ca = self.data_dir / "tls" / "ca.pem"
+        if not self.ca.exists():
+            self.stop()
+            pytest.fail(f"server did not write its CA to {self.ca}")
+
+    def _read_line(self):
+        deadline = time.time() + START_TIMEOUT
+        buf = b""
+        fd = self.proc.stdout.fileno()
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"twinhub exited with {self.proc.returncode} before printing its connection "
+                            f"string:\n{self.stderr()}")
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if not r:
+                continue
+            chunk = os.read(fd, 4096)
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                line = line.decode().strip()
+                if line.startswith("HostName="):
+                    return line
+        self.stop()
+        pytest.fail(f"twinhub printed no connection string within {START_TIMEOUT}s:\n{self.stderr()}")
+
+    def stderr(self):
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-8000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.tmp.cleanup()
+
+
+@pytest.fixture(scope="module")
+def hub():
+    h = Hub()
+    old = os.environ.get("REQUESTS_CA_BUNDLE")
+    os.environ["REQUESTS_CA_BUNDLE"] = str(h.ca)
+    try:
+        yield h
+    finally:
+        if old is None:
+            os.environ.pop("REQUESTS_CA_BUNDLE", None)
+        else:
+            os.environ["REQUESTS_CA_BUNDLE"] = old
+        h.stop()
+
+
+@pytest.fixture(scope="module")
+def rm(hub):
+    return IoTHubRegistryManager.from_connection_string(hub.connection_string)
+
+
+def _status(exc_info):
+    return exc_info.value.response.status_code
+
+
+def _is_key(k):
+    assert isinstance(k, str) and k, f"bad key {k!r}"
+    assert len(base64.b64decode(k, validate=True)) >= 16
+    return k
+
+
+def _uid(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_connection_string_shape(hub):
+    parts = dict(p.split("=", 1) for p in hub.connection_string.split(";"))
+    assert parts["HostName"].startswith("localhost:")
+    assert int(parts["HostName"].split(":")[1]) > 0
+    assert parts["SharedAccessKeyName"] == "iothubowner"
+    base64.b64decode(parts["SharedAccessKey"], validate=True)
+
+
+def test_device_with_generated_keys_twin_update_etag_replace_delete(rm):
+    dev = _uid("pydev")
+    d = rm.create_device_with_sas(dev, None, None, "enabled")
+    assert d.device_id == dev
+    assert d.status == "enabled"
+    pk = _is_key(d.authentication.symmetric_key.primary_key)
+    sk = _is_key(d.authentication.symmetric_key.secondary_key)
+    assert pk != sk
+    got = rm.get_device(dev)
+    assert got.authentication.symmetric_key.primary_key == pk
+    assert got.etag == d.etag
+
+    # Duplicate create → 409.
+    with pytest.raises(HttpOperationError) as e:
+        rm.create_device_with_sas(dev, None, None, "enabled")
+    assert _status(e) == 409
+
+    t = rm.get_twin(dev)
+    assert t.device_id == dev
+    assert t.etag and t.etag != "*"
+    assert t.properties.desired["$version"] == 1
+    assert "$metadata" in t.properties.desired
+    assert t.properties.reported["$version"] == 1
+
+    patch = Twin(tags={"site": "b43"}, properties=TwinProperties(desired={"interval": 5}))
+    t2 = rm.update_twin(dev, patch, t.etag)
+    assert t2.tags == {"site": "b43"}
+    assert t2.properties.desired["interval"] == 5
+    assert t2.properties.desired["$version"] == 2
+    assert t2.etag != t.etag
+
+    # The old etag is stale now → 412, and nothing changes.
+    with pytest.raises(HttpOperationError) as e:
+        rm.update_twin(dev, Twin(tags={"x": 1}), t.etag)
+    assert _status(e) == 412
+    t3 = rm.get_twin(dev)
+    assert t3.tags == {"site": "b43"}
+    assert t3.etag == t2.etag
+
+    # Without an etag the SDK sends "*".
+    t4 = rm.update_twin(dev, Twin(properties=TwinProperties(desired={"interval": 7, "mode": "eco"})))
+    assert t4.properties.desired["interval"] == 7
+    assert t4.properties.desired["$version"] == 3
+
+    r = rm.replace_twin(dev, Twin(tags={"only": True}, properties=TwinProperties(desired={"k": "v"})))
+    assert r.tags == {"only": True}
+    assert {k: v for k, v in r.properties.desired.items() if not k.startswith("$")} == {"k": "v"}
+    assert r.properties.desired["$version"] == 4
+    assert rm.get_twin(dev).etag == r.etag
+
+    # replace with a stale etag → 412
+    with pytest.raises(HttpOperationError) as e:
+        rm.replace_twin(dev, Twin(tags={}), t.etag)
+    assert _status(e) == 412
+
+    rm.delete_device(dev)
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_device(dev)
+    assert _status(e) == 404
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_twin(dev)
+    assert _status(e) == 404
+
+
+def test_module_and_module_twin(rm):
+    dev = _uid("pymod")
+    rm.create_device_with_sas(dev, None, None, "enabled")
+    m = rm.create_module_with_sas(dev, "m1", None, None, None)
+    assert m.module_id == "m1" and m.device_id == dev
+    _is_key(m.authentication.symmetric_key.primary_key)
+    got = rm.get_module(dev, "m1")
+    assert got.module_id == "m1"
+    assert got.authentication.symmetric_key.primary_key == m.authentication.symmetric_key.primary_key
+    assert [x.module_id for x in rm.get_modules(dev)] == ["m1"]
+
+    mt = rm.get_module_twin(dev, "m1")
+    assert mt.module_id == "m1" and mt.device_id == dev
+    mt2 = rm.update_module_twin(dev, "m1", Twin(properties=TwinProperties(desired={"rate": 3})), mt.etag)
+    assert mt2.properties.desired["rate"] == 3
+    assert mt2.properties.desired["$version"] == 2
+    with pytest.raises(HttpOperationError) as e:
+        rm.update_module_twin(dev, "m1", Twin(tags={"a": 1}), mt.etag)
+    assert _status(e) == 412
+    mt3 = rm.replace_module_twin(dev, "m1", Twin(tags={"t": 1}, properties=TwinProperties(desired={"z": 0})))
+    assert mt3.tags == {"t": 1}
+    assert mt3.properties.desired["z"] == 0
+    assert "rate" not in mt3.properties.desired
+
+    rm.delete_module(dev, "m1")
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_module(dev, "m1")
+    assert _status(e) == 404
+
+    # Deleting the device deletes its modules.
+    rm.create_module_with_sas(dev, "m2", None, None, None)
+    rm.delete_device(dev)
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_module_twin(dev, "m2")
+    assert _status(e) == 404
+
+
+def test_list_and_statistics(rm):
+    ids = [_uid("pylist") for _ in range(3)]
+    for i in ids:
+        rm.create_device_with_sas(i, None, None, "enabled")
+    listed = {d.device_id for d in rm.get_devices(1000)}
+    assert set(ids) <= listed
+    assert len(rm.get_devices(2)) == 2
+    stats = rm.get_device_registry_statistics()
+    assert stats.total_device_count >= 3
+    assert stats.enabled_device_count >= 3
+    for i in ids:
+        rm.delete_device(i)
