@@ -204,6 +204,7 @@ impl Shards {
     /// Opens (or creates) the node's database, starts every shard's Raft group (a single voter for
     /// now) and waits until each has a leader.
     pub async fn open(config: ShardsConfig) -> Result<Shards, ShardError> {
+        check_layout(&config)?;
         let store = Arc::new(Store::open(&config.data_dir.join("raft")).map_err(|e| storage_error(0, e))?);
         let raft_config = raft_config(&config)?;
         let router = ShardRouter::default();
@@ -277,3 +278,58 @@ impl Shards {
 
 #[cfg(test)]
 mod tests;
+
+/// The shard count decides where every device lives (`hash(deviceId) mod S`): reopening a data
+/// directory with another count would make existing devices look lost. The count is recorded on first
+/// open and a mismatch is refused with a message naming both numbers.
+fn check_layout(config: &ShardsConfig) -> Result<(), ShardError> {
+    let path = config.data_dir.join("shard-count");
+    let want = config.shard_count.max(1);
+    let io = |e: std::io::Error| ShardError::Storage { shard: 0, msg: format!("{}: {e}", path.display()) };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let have: u32 = text.trim().parse().map_err(|_| ShardError::Fatal {
+                shard: 0,
+                msg: format!("{} holds {:?}, not a shard count", path.display(), text.trim()),
+            })?;
+            if have != want {
+                return Err(ShardError::Fatal {
+                    shard: 0,
+                    msg: format!(
+                        "data directory {} was created with {have} shards; refusing to open it with {want} \
+                         (devices would hash to other shards)",
+                        config.data_dir.display()
+                    ),
+                });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&config.data_dir).map_err(io)?;
+            let tmp = config.data_dir.join("shard-count.tmp");
+            std::fs::write(&tmp, format!("{want}\n")).map_err(io)?;
+            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(())
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    fn config(dir: &std::path::Path, shard_count: u32) -> ShardsConfig {
+        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000 }
+    }
+
+    #[test]
+    fn test_shard_count_mismatch_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        check_layout(&config(dir.path(), 8)).unwrap();
+        check_layout(&config(dir.path(), 8)).unwrap();
+        let err = check_layout(&config(dir.path(), 16)).unwrap_err();
+        assert!(err.to_string().contains("created with 8 shards"), "{err}");
+    }
+}
