@@ -12,7 +12,10 @@
 //!   its shard's Raft group. Actors are spawned on first use and passivated when idle.
 //! - [`auth`]: SAS token parsing and verification, shared access policies.
 //! - [`tls`]: rustls configuration and the generated development CA.
-//! - [`http`]: the HTTPS service API (registry and twins), IoT Hub's error bodies.
+//! - [`notify`]: desired pushes and the twin change feed, derived from applied commands and coalesced
+//!   per subscriber; the back-end event broker.
+//! - [`mqtt`]: the device MQTT front door (`$iothub/twin/...`), one identity per connection.
+//! - [`http`]: the HTTPS service API (registry and twins, `GET /twin-changes`), IoT Hub's error bodies.
 //! - [`node`]: owns everything a process runs; start and graceful shutdown.
 //! - [`cli`]: `twinhub serve` and its configuration (flags, `TWINHUB_*` variables, TOML).
 
@@ -21,7 +24,9 @@ pub mod cli;
 pub mod http;
 pub mod ids;
 pub mod model;
+pub mod mqtt;
 pub mod node;
+pub mod notify;
 pub mod shard;
 pub mod tls;
 pub mod twin;

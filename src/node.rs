@@ -9,6 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Policies, PolicyFileError, OWNER};
 use crate::cli::Config;
+use crate::mqtt::Mqtt;
+use crate::notify::{Hub, HubConfig};
 use crate::shard::{ShardError, Shards, ShardsConfig};
 use crate::tls::{CertSource, TlsError};
 use crate::twin::{Twins, TwinsConfig};
@@ -33,12 +35,40 @@ pub enum NodeError {
 pub struct Node {
     /// The address the HTTPS API actually listens on (port 0 resolved).
     pub http_addr: SocketAddr,
+    /// Bound addresses of every listener (also written to `DIR/listen.json`).
+    pub listen: Listen,
+    pub hub: Arc<Hub>,
     pub hostname: String,
     pub policies: Arc<Policies>,
     pub twins: Arc<Twins>,
     shards: Arc<Shards>,
     stop: CancellationToken,
     http: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The addresses a node actually listens on (ports 0 resolved), as `DIR/listen.json` records them for
+/// scripts and tests.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Listen {
+    pub http: SocketAddr,
+    pub mqtt: SocketAddr,
+    pub mqtt_plain: Option<SocketAddr>,
+    pub events: SocketAddr,
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| NodeError::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
+/// The same certificate without ALPN: MQTT clients offer none or `mqtt`, and a server ALPN list that
+/// does not overlap would make rustls refuse the handshake.
+fn without_alpn(tls: &Arc<rustls::ServerConfig>) -> Arc<rustls::ServerConfig> {
+    let mut c = (**tls).clone();
+    c.alpn_protocols.clear();
+    Arc::new(c)
 }
 
 impl Node {
@@ -52,10 +82,20 @@ impl Node {
         let source = CertSource::from_options(config.tls_cert.clone(), config.tls_key.clone(), &dir, &config.hostname)?;
         let tls = crate::tls::server_config(&source)?;
         // Bind before the (slower) shard recovery so a taken port fails fast.
-        let listener = TcpListener::bind(config.http_listen)
-            .await
-            .map_err(|source| NodeError::Bind { addr: config.http_listen, source })?;
-        let http_addr = listener.local_addr().map_err(|source| NodeError::Bind { addr: config.http_listen, source })?;
+        let (listener, http_addr) = bind(config.http_listen).await?;
+        let (mqtt_listener, mqtt_addr) = bind(config.mqtt_listen).await?;
+        let mqtt_plain = match config.mqtt_plain_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let (events_listener, events_addr) = bind(config.events_listen).await?;
+        let listen = Listen {
+            http: http_addr,
+            mqtt: mqtt_addr,
+            mqtt_plain: mqtt_plain.as_ref().map(|(_, a)| *a),
+            events: events_addr,
+        };
+        let hub = Hub::new(HubConfig::new(&config.hostname));
 
         let shards = Arc::new(
             Shards::open(ShardsConfig {
@@ -63,20 +103,44 @@ impl Node {
                 node_id: NODE_ID,
                 shard_count: config.shard_count,
                 snapshot_every: config.snapshot_every,
+                events: Some(hub.sink()),
             })
             .await?,
         );
         let twins = Twins::new(shards.clone(), TwinsConfig::default());
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
+            hub: Some(hub.clone()),
             policies: policies.clone(),
             host: format!("{}:{}", config.hostname, http_addr.port()),
         });
         let stop = CancellationToken::new();
         let app = crate::http::router(state);
+        let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(listener, tls, app, stop.clone().cancelled_owned()));
-        tracing::info!(%http_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
-        Ok(Node { http_addr, hostname: config.hostname, policies, twins, shards, stop, http })
+        let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone());
+        let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(plain_tls.clone()), stop.clone()))];
+        if let Some((l, _)) = mqtt_plain {
+            tasks.push(tokio::spawn(mqtt.serve(l, None, stop.clone())));
+        }
+        let broker = crate::notify::broker::serve(
+            events_listener,
+            plain_tls,
+            hub.clone(),
+            policies.clone(),
+            config.hostname.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = broker.await {
+                tracing::error!("{e}");
+            }
+        }));
+        let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
+        crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
+            .map_err(|source| NodeError::DataDir { path: dir.join("listen.json").display().to_string(), source })?;
+        tracing::info!(%http_addr, %mqtt_addr, mqtt_plain = ?listen.mqtt_plain, %events_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
+        Ok(Node { http_addr, listen, hub, hostname: config.hostname, policies, twins, shards, stop, http, tasks })
     }
 
     /// The service connection string for the iothubowner policy, with the bound port.
@@ -95,6 +159,12 @@ impl Node {
         if let Err(e) = self.http.await {
             tracing::warn!("HTTP server task: {e}");
         }
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                tracing::warn!("listener task: {e}");
+            }
+        }
+        self.hub.close();
         self.twins.shutdown().await;
         self.shards.shutdown().await;
         tracing::info!("twinhub stopped");
@@ -151,6 +221,8 @@ mod tests {
             crate::cli::ServeArgs {
                 data_dir: Some(dir.path().into()),
                 http_listen: Some("127.0.0.1:0".into()),
+                mqtt_listen: Some("127.0.0.1:0".into()),
+                events_listen: Some("127.0.0.1:0".into()),
                 shard_count: Some(2),
                 ..Default::default()
             },

@@ -18,9 +18,15 @@ pub struct ServeArgs {
     /// HTTPS service API address [default: 0.0.0.0:8443]
     #[arg(long)]
     pub http_listen: Option<String>,
-    /// MQTT over TLS address [default: 0.0.0.0:8883]
+    /// MQTT over TLS address for devices [default: 0.0.0.0:8883]
     #[arg(long)]
     pub mqtt_listen: Option<String>,
+    /// MQTT over plain TCP for development; off unless given [default: off]
+    #[arg(long)]
+    pub mqtt_plain_listen: Option<String>,
+    /// Back-end event broker (MQTT over TLS, policy SAS auth; `twin-changes/...` topics) [default: 0.0.0.0:8884]
+    #[arg(long)]
+    pub events_listen: Option<String>,
     /// Host name clients dial; used in connection strings, SAS resources and the certificate [default: localhost]
     #[arg(long)]
     pub hostname: Option<String>,
@@ -51,6 +57,8 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     pub http_listen: Option<String>,
     pub mqtt_listen: Option<String>,
+    pub mqtt_plain_listen: Option<String>,
+    pub events_listen: Option<String>,
     pub hostname: Option<String>,
     pub owner_key: Option<String>,
     pub shard_count: Option<u32>,
@@ -65,6 +73,9 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub http_listen: SocketAddr,
     pub mqtt_listen: SocketAddr,
+    /// Plain-TCP MQTT for development (`None`: not bound).
+    pub mqtt_plain_listen: Option<SocketAddr>,
+    pub events_listen: SocketAddr,
     pub hostname: String,
     pub owner_key: Option<String>,
     pub shard_count: u32,
@@ -116,6 +127,8 @@ impl Config {
         };
         let http = args.http_listen.or_else(|| env("TWINHUB_HTTP_LISTEN")).or(file.http_listen).unwrap_or_else(|| "0.0.0.0:8443".into());
         let mqtt = args.mqtt_listen.or_else(|| env("TWINHUB_MQTT_LISTEN")).or(file.mqtt_listen).unwrap_or_else(|| "0.0.0.0:8883".into());
+        let mqtt_plain = args.mqtt_plain_listen.or_else(|| env("TWINHUB_MQTT_PLAIN_LISTEN")).or(file.mqtt_plain_listen);
+        let events = args.events_listen.or_else(|| env("TWINHUB_EVENTS_LISTEN")).or(file.events_listen).unwrap_or_else(|| "0.0.0.0:8884".into());
         let path = |flag: Option<PathBuf>, var: &str, f: Option<PathBuf>| flag.or_else(|| env(var).map(PathBuf::from)).or(f);
         let hostname = args.hostname.or_else(|| env("TWINHUB_HOSTNAME")).or(file.hostname).unwrap_or_else(|| "localhost".into());
         if hostname.is_empty() || hostname.contains(['/', ';', ' ']) {
@@ -125,6 +138,8 @@ impl Config {
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir).unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
             mqtt_listen: addr("mqtt-listen", mqtt)?,
+            mqtt_plain_listen: mqtt_plain.map(|v| addr("mqtt-plain-listen", v)).transpose()?,
+            events_listen: addr("events-listen", events)?,
             hostname,
             owner_key: args.owner_key.or_else(|| env("TWINHUB_OWNER_KEY")).or(file.owner_key),
             shard_count,

@@ -33,6 +33,8 @@ pub const BODY_LIMIT: usize = 256 * 1024;
 pub struct AppState {
     /// `None` only in tests of routes that fail before reaching the twin layer.
     pub twins: Option<Arc<Twins>>,
+    /// The notification hub (change feed, connected-device count); `None` in route tests.
+    pub hub: Option<Arc<crate::notify::Hub>>,
     pub policies: Arc<Policies>,
     /// The hub host name as clients dial it (`name:port`), for SAS resource checks.
     pub host: String,

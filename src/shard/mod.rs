@@ -61,6 +61,20 @@ pub struct ShardsConfig {
     pub shard_count: u32,
     /// Take a snapshot (and purge the log before it) after this many applied entries.
     pub snapshot_every: u64,
+    /// Where the events of applied commands go (desired pushes, change events).
+    pub events: Option<EventSink>,
+}
+
+/// Receives the events of every applied command: on every replica, in log order within a shard, after
+/// the command is committed. Called on the state machine's task, so it must not block; the notification
+/// hub only queues.
+#[derive(Clone)]
+pub struct EventSink(pub Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>);
+
+impl std::fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventSink")
+    }
 }
 
 /// How long `write` and `read` wait before answering `Timeout` (the request may still apply).
@@ -212,7 +226,7 @@ impl Shards {
 
         let mut rafts = Vec::new();
         for id in 0..config.shard_count.max(1) {
-            let sm = StateMachine::open(id, store.clone()).map_err(|e| storage_error(id, e))?;
+            let sm = StateMachine::open(id, store.clone(), config.events.clone()).map_err(|e| storage_error(id, e))?;
             let state = sm.shared();
             let log = LogStore::new(id, store.clone());
             let network = NetworkFactory::new(router.clone(), id);
@@ -321,7 +335,7 @@ mod layout_tests {
     use super::*;
 
     fn config(dir: &std::path::Path, shard_count: u32) -> ShardsConfig {
-        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000 }
+        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000, events: None }
     }
 
     #[test]

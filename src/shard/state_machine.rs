@@ -35,6 +35,7 @@ pub struct StateMachine {
     shared: SharedState,
     /// Meta of the durable snapshot; serializes snapshot writes so an older one never replaces a newer.
     snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
+    events: Option<super::EventSink>,
 }
 
 fn reply_done() -> Applied {
@@ -47,7 +48,7 @@ fn invalid(msg: String) -> io::Error {
 
 impl StateMachine {
     /// Opens the shard's state machine from its latest durable snapshot, if any.
-    pub fn open(shard: ShardId, store: Arc<Store>) -> io::Result<StateMachine> {
+    pub fn open(shard: ShardId, store: Arc<Store>, events: Option<super::EventSink>) -> io::Result<StateMachine> {
         let stored = store.snapshot(shard)?;
         let mut applied = AppliedState::default();
         let mut meta = None;
@@ -62,6 +63,7 @@ impl StateMachine {
             store,
             shared: Arc::new(RwLock::new(applied)),
             snapshot: Arc::new(Mutex::new(meta)),
+            events,
         })
     }
 
@@ -151,6 +153,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
             };
+            if let (Some(sink), false) = (&self.events, outcome.events.is_empty()) {
+                (sink.0)(self.shard, &outcome.events);
+            }
             if let Some(r) = responder {
                 r.send(outcome);
             }

@@ -22,7 +22,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Fja
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         let store = Arc::new(Store::open(dir.path()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?);
-        let sm = StateMachine::open(3, store.clone()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+        let sm = StateMachine::open(3, store.clone(), None).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         Ok((dir, LogStore::new(3, store), sm))
     }
 }
@@ -33,7 +33,7 @@ async fn fjall_store_passes_openraft_storage_suite() {
 }
 
 fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> ShardsConfig {
-    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every }
+    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every, events: None }
 }
 
 fn put_device(id: &str) -> Command {

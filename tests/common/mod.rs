@@ -51,6 +51,12 @@ pub struct Server {
     pub owner_key: String,
     pub connection_string: String,
     pub ca_pem: Vec<u8>,
+    /// Bound MQTT-over-TLS port (`DIR/listen.json`).
+    pub mqtt_port: u16,
+    /// Bound plain-TCP MQTT port (tests always enable it).
+    pub mqtt_plain_port: u16,
+    /// Bound event-broker port.
+    pub events_port: u16,
 }
 
 pub fn bin_path() -> PathBuf {
@@ -91,6 +97,9 @@ impl Server {
             owner_key: String::new(),
             connection_string: String::new(),
             ca_pem: Vec::new(),
+            mqtt_port: 0,
+            mqtt_plain_port: 0,
+            events_port: 0,
         };
         s.spawn();
         s
@@ -122,10 +131,15 @@ impl Server {
         if let Some(n) = self.opts.shard_count {
             cmd.arg("--shard-count").arg(n.to_string());
         }
-        // MQTT is a later issue; if the binary binds it by default, keep it off the fixed port so that
-        // parallel tests do not collide.
+        // Unless a test asks for fixed ports, keep every listener on an ephemeral loopback port so that
+        // parallel servers never collide. (An older binary given with `bin` may not know the flags.)
         if mqtt_flag_supported(&bin) {
-            cmd.arg("--mqtt-listen").arg("127.0.0.1:0");
+            let fixed = |flag: &str| self.opts.extra_args.iter().any(|a| a == flag);
+            for flag in ["--mqtt-listen", "--mqtt-plain-listen", "--events-listen"] {
+                if !fixed(flag) {
+                    cmd.arg(flag).arg("127.0.0.1:0");
+                }
+            }
         }
         cmd.args(&self.opts.extra_args);
         // Never inherit a developer's TWINHUB_* settings.
@@ -210,6 +224,15 @@ impl Server {
         let ca_path = self.data_dir.join("tls").join("ca.pem");
         let ca_pem = std::fs::read(&ca_path)
             .unwrap_or_else(|e| panic!("cannot read generated CA {}: {e}", ca_path.display()));
+        if let Ok(text) = std::fs::read_to_string(self.data_dir.join("listen.json")) {
+            let v: Value = serde_json::from_str(&text).expect("listen.json is JSON");
+            let port_of = |k: &str| {
+                v[k].as_str().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok()).unwrap_or(0)
+            };
+            self.mqtt_port = port_of("mqtt");
+            self.mqtt_plain_port = port_of("mqtt_plain");
+            self.events_port = port_of("events");
+        }
         self.host_name = host_name;
         self.port = port;
         self.base_url = format!("https://localhost:{port}");
