@@ -342,6 +342,9 @@ impl ShardState {
         let mut reported = cur.reported.clone();
         reported.merge(patch, at, reported_version);
         check_size("properties.reported", reported.size(), MAX_REPORTED_SIZE)?;
+        // A reported patch is device activity: `lastActivityTime` follows it, at the command's own
+        // timestamp so that every replica writes the same value.
+        self.identity_mut(id)?.last_activity = at;
         let twin = self.twin_doc_mut(id)?;
         twin.version = version;
         twin.reported_version = reported_version;

@@ -230,6 +230,24 @@ fn reported_patch_merges_with_null_removal() {
 }
 
 #[test]
+fn reported_patch_advances_last_activity_of_its_identity_only() {
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutModule { module: module_spec("d1", "m"), if_match: None });
+    f.report(&dev(), json!({"a": 1}));
+    let at = f.clock;
+    assert_eq!(f.state.device("d1").unwrap_or_default()["lastActivityTime"], json!(time::format_ms(at)));
+    let m = f.state.module("d1", "m").unwrap_or_default();
+    assert_eq!(m["lastActivityTime"], json!("0001-01-01T00:00:00Z"), "the module was not active");
+    f.report(&TwinId::module("d1", "m"), json!({"b": 1}));
+    assert_eq!(f.state.module("d1", "m").unwrap_or_default()["lastActivityTime"], json!(time::format_ms(f.clock)));
+    assert_eq!(f.state.device("d1").unwrap_or_default()["lastActivityTime"], json!(time::format_ms(at)));
+    // A rejected patch is not activity.
+    let before = f.state.device("d1").unwrap_or_default()["lastActivityTime"].clone();
+    f.must_reject(Op::UpdateReported { id: dev(), patch_json: "[1]".into() });
+    assert_eq!(f.state.device("d1").unwrap_or_default()["lastActivityTime"], before);
+}
+
+#[test]
 fn service_body_ignores_identity_members_and_empty_reported() {
     let mut f = Fixture::with_device("d1");
     let body = json!({"deviceId": "d1", "etag": "*", "version": null, "status": "enabled", "moduleId": null,

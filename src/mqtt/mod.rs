@@ -1,14 +1,84 @@
-//! The device MQTT front door: MQTT 3.1.1 and 5 on one port, IoT Hub's `$iothub/twin/...` topics.
+//! The device MQTT front door: MQTT 3.1.1 and 5 on one port, IoT Hub's `$iothub/twin/...` topics
+//! (`../shared/spec/azure-compat.md` §1). See `README.md` in this directory for the design.
 //!
-//! INTERFACE STUB: being implemented.
+//! # Layout
+//!
+//! - `mod.rs`: [`Mqtt`], the accept loop and TLS.
+//! - `codec`: bytes ⇄ packets on `rumqttd::protocol`; protocol level sniffed from CONNECT.
+//! - `connect`: client id, user name and SAS token → the connection's identity.
+//! - `connection`: one task per connection (read loop, ordered twin requests, desired pushes, keep-alive)
+//!   plus one writer task behind a bounded queue.
+//! - `session`: sessions by client id (subscriptions, `$rid` memory), takeover, generations.
+//! - `topics`: topic classification in the identity's scope, filters and matching.
+//! - `error`: the only place where errors become status codes, CONNACK codes and DISCONNECT reasons.
 
+mod codec;
+mod connect;
+mod connection;
+mod error;
+mod session;
+mod topics;
+
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::notify::Hub;
 use crate::twin::Twins;
+
+pub use session::Sessions;
+
+/// Limits and timeouts of the MQTT endpoint.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// A TLS handshake must complete within this.
+    pub tls_handshake: Duration,
+    /// CONNECT must arrive (and be answered) within this after the transport is up: an idle socket
+    /// costs memory and a file descriptor, and an unauthenticated peer has no business keeping one.
+    pub connect: Duration,
+    /// Largest packet accepted (remaining length) once connected; larger ones close the connection.
+    pub max_packet: usize,
+    /// Largest CONNECT accepted (a SAS token is a few hundred bytes).
+    pub max_connect: usize,
+    /// Keep-alive values above this are clamped (IoT Hub's maximum is 29 minutes). MQTT 5 clients are
+    /// told in CONNACK (server keep-alive); MQTT 3.1.1 clients must ping at least this often.
+    pub max_keep_alive: u16,
+    /// Twin requests of one connection in flight before the connection stops reading (backpressure).
+    pub max_in_flight: usize,
+    /// Packets queued for a connection's writer.
+    pub outbound_queue: usize,
+    /// How long the queue to the writer may stay full before the connection is closed: a client that
+    /// does not read must not hold the read loop forever.
+    pub outbound_stall: Duration,
+    /// QoS 1 pushes sent and not yet acknowledged before the connection is closed.
+    pub max_unacked: usize,
+    /// After a connection ends: how long its accepted twin requests may take to finish, and how long the
+    /// `connectionState` write may take.
+    pub drain: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            tls_handshake: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+            max_packet: 256 * 1024,
+            max_connect: 16 * 1024,
+            max_keep_alive: 1740,
+            max_in_flight: 64,
+            outbound_queue: 128,
+            outbound_stall: Duration::from_secs(10),
+            max_unacked: 256,
+            drain: Duration::from_secs(5),
+        }
+    }
+}
 
 /// State shared by every MQTT listener of a node (TLS and plain share sessions, so a takeover works
 /// across them).
@@ -17,16 +87,76 @@ pub struct Mqtt {
     pub hub: Arc<Hub>,
     /// Host name devices put in their SAS `sr` and username.
     pub hostname: String,
+    pub sessions: Sessions,
+    pub limits: Limits,
 }
+
+/// How long `serve` waits, after `stop`, for its connections to finish closing.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 impl Mqtt {
     pub fn new(twins: Arc<Twins>, hub: Arc<Hub>, hostname: String) -> Arc<Mqtt> {
-        Arc::new(Mqtt { twins, hub, hostname })
+        Arc::new(Mqtt { twins, hub, hostname, sessions: Sessions::default(), limits: Limits::default() })
     }
 
-    /// Accepts connections until `stop`, then closes them all.
+    /// Accepts connections until `stop`, then closes them all (each reports its identity disconnected)
+    /// and returns once they are closed or [`SHUTDOWN_GRACE`] has passed.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>, stop: CancellationToken) {
-        let _ = (listener, tls);
-        stop.cancelled().await;
+        let acceptor = tls.map(TlsAcceptor::from);
+        let tracker = TaskTracker::new();
+        let local = listener.local_addr().ok();
+        tracing::info!(addr = ?local, tls = acceptor.is_some(), "MQTT listener accepting");
+        loop {
+            let (tcp, peer) = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = listener.accept() => match r {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Usually out of file descriptors: back off instead of spinning.
+                        tracing::warn!("MQTT accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            tracker.spawn(self.clone().accepted(tcp, peer, acceptor.clone(), stop.clone()));
+        }
+        tracker.close();
+        if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
+            tracing::warn!(remaining = tracker.len(), "MQTT connections still closing after {SHUTDOWN_GRACE:?}");
+        }
+        tracing::info!(addr = ?local, "MQTT listener stopped");
+    }
+
+    async fn accepted(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>, stop: CancellationToken) {
+        let Some(acceptor) = tls else {
+            return self.connection(tcp, peer, stop).await;
+        };
+        let handshake = tokio::time::timeout(self.limits.tls_handshake, acceptor.accept(tcp));
+        let stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = handshake => match r {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    metrics::counter!("twinhub_mqtt_tls_failures_total").increment(1);
+                    tracing::debug!(%peer, "MQTT TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    metrics::counter!("twinhub_mqtt_tls_failures_total").increment(1);
+                    tracing::debug!(%peer, "MQTT TLS handshake timed out");
+                    return;
+                }
+            },
+        };
+        self.connection(stream, peer, stop).await
+    }
+
+    async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, stop: CancellationToken)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        connection::run(self, stream, peer, stop).await
     }
 }

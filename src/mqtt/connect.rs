@@ -1,0 +1,186 @@
+//! CONNECT: who the connection is (spec §1.2–1.3). The client id names the identity, the user name may
+//! repeat it, the password is a SAS token signed with that identity's key.
+
+use percent_encoding::percent_decode_str;
+
+use super::error::Refusal;
+use super::Mqtt;
+use crate::auth::{verify_device_token, AuthError, SasToken};
+use crate::ids::TwinId;
+use crate::model::{now_ms, validate_id};
+
+/// The identity of a client id: `{deviceId}` or `{deviceId}/{moduleId}` (not URL-encoded).
+pub fn parse_client_id(client_id: &str) -> Result<TwinId, Refusal> {
+    let id = match client_id.split_once('/') {
+        None => TwinId::device(client_id),
+        Some((d, m)) => TwinId::module(d, m),
+    };
+    validate_id("device", &id.device_id).map_err(|e| Refusal::ClientId(e.to_string()))?;
+    if let Some(m) = &id.module_id {
+        validate_id("module", m).map_err(|e| Refusal::ClientId(e.to_string()))?;
+    }
+    Ok(id)
+}
+
+/// A CONNECT user name, read loosely: `{host}/{device}[/{module}]/?{query}`. SDKs differ in the query
+/// (api-version, DeviceClientType, model-id, in any order) and some send no query at all.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Username<'a> {
+    pub host: &'a str,
+    /// The identity the user name names, if it names one.
+    pub identity: Option<TwinId>,
+    /// Query parameters, URL-decoded values.
+    pub params: Vec<(&'a str, String)>,
+}
+
+impl Username<'_> {
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+pub fn parse_username(username: &str) -> Result<Username<'_>, String> {
+    let (path, query) = match username.split_once("/?") {
+        Some((p, q)) => (p, q),
+        None => (username.strip_suffix('/').unwrap_or(username), ""),
+    };
+    let segments: Vec<&str> = path.split('/').collect();
+    if segments.iter().any(|s| s.is_empty()) && !path.is_empty() {
+        return Err(format!("user name path '{path}' has an empty segment"));
+    }
+    let identity = match segments[..] {
+        [_] => None,
+        [_, d] => Some(TwinId::device(d)),
+        [_, d, m] => Some(TwinId::module(d, m)),
+        _ => return Err(format!("user name path '{path}' has more than host/device/module")),
+    };
+    let params = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k, percent_decode_str(v).decode_utf8_lossy().into_owned())
+        })
+        .collect();
+    Ok(Username { host: segments[0], identity, params })
+}
+
+/// The CONNECT fields authentication needs.
+pub struct Credentials<'a> {
+    pub client_id: &'a str,
+    pub username: Option<&'a str>,
+    pub password: Option<&'a str>,
+}
+
+impl Mqtt {
+    /// Decides whether a CONNECT may open a connection, and for which identity.
+    pub async fn authenticate(&self, c: &Credentials<'_>) -> Result<TwinId, Refusal> {
+        let id = parse_client_id(c.client_id)?;
+        if let Some(u) = c.username.filter(|u| !u.is_empty()) {
+            let u = parse_username(u).map_err(Refusal::BadCredentials)?;
+            if let Some(named) = &u.identity {
+                if *named != id {
+                    return Err(Refusal::BadCredentials(format!(
+                        "user name names {named}, client id is {id}"
+                    )));
+                }
+            }
+            tracing::debug!(
+                client_id = c.client_id,
+                host = u.host,
+                api_version = u.param("api-version"),
+                client_type = u.param("DeviceClientType"),
+                model_id = u.param("model-id"),
+                "CONNECT"
+            );
+        }
+        let password = c.password.filter(|p| !p.is_empty());
+        let token = password.ok_or_else(|| Refusal::BadCredentials("no password (SAS token)".into()))?;
+        let token = SasToken::parse(token).map_err(|e| Refusal::BadCredentials(e.to_string()))?;
+        let creds = self
+            .twins
+            .read(&id.device_id, |s| s.credentials(&id))
+            .await
+            .map_err(Refusal::Unavailable)?
+            .ok_or_else(|| Refusal::BadCredentials(format!("{id} is not registered")))?;
+        let host = self.sas_host(&token);
+        verify_device_token(&token, host, &id.device_id, id.module_id.as_deref(), &creds, now_ms() / 1000).map_err(
+            |e| match e {
+                AuthError::Disabled => Refusal::NotAuthorized(format!("{id} is disabled")),
+                other => Refusal::BadCredentials(other.to_string()),
+            },
+        )?;
+        Ok(id)
+    }
+
+    /// The host to check a token's resource against. The configured host name has no port, but a
+    /// device may sign `{host}:{port}/devices/...` (its connection string's HostName); the port does
+    /// not name another hub, so the token's own host is used when its name part is ours.
+    fn sas_host<'a>(&'a self, token: &'a SasToken) -> &'a str {
+        let ours = self.hostname.split(':').next().unwrap_or(&self.hostname);
+        match token.resource.split_once("/devices/") {
+            Some((h, _)) if h.split(':').next().is_some_and(|n| n.eq_ignore_ascii_case(ours)) => h,
+            _ => &self.hostname,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_ids() {
+        assert_eq!(parse_client_id("dev1").unwrap(), TwinId::device("dev1"));
+        assert_eq!(parse_client_id("dev1/mod1").unwrap(), TwinId::module("dev1", "mod1"));
+        assert_eq!(parse_client_id("d-1:x.y+z%_#*?!(),=@;$'").unwrap(), TwinId::device("d-1:x.y+z%_#*?!(),=@;$'"));
+        for bad in ["", "/m", "d/", "d/m/x", "a b", "dev\u{e9}", &"x".repeat(129), "d/m m"] {
+            assert!(matches!(parse_client_id(bad), Err(Refusal::ClientId(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn usernames_of_every_sdk() {
+        // Python device.
+        let u = parse_username("localhost/dev1/?api-version=2019-10-01&DeviceClientType=azure-iot-device-iothub-py%2F2.14.0%283.11.7%3BLinux%29").unwrap();
+        assert_eq!(u.host, "localhost");
+        assert_eq!(u.identity, Some(TwinId::device("dev1")));
+        assert_eq!(u.param("api-version"), Some("2019-10-01"));
+        assert_eq!(u.param("DeviceClientType"), Some("azure-iot-device-iothub-py/2.14.0(3.11.7;Linux)"));
+        // Python module; C with model id; Node with the query in another order.
+        let u = parse_username("localhost/devm/mod1/?api-version=2019-10-01&DeviceClientType=x").unwrap();
+        assert_eq!(u.identity, Some(TwinId::module("devm", "mod1")));
+        let u = parse_username("hub.azure-devices.net/d/?api-version=2020-09-30&DeviceClientType=iothubclient%2F1.0&model-id=dtmi%3Acom%3Aexample%3B1").unwrap();
+        assert_eq!(u.param("model-id"), Some("dtmi:com:example;1"));
+        let u = parse_username("host:8883/d/?api-version=2021-04-12&model-id=x&DeviceClientType=node").unwrap();
+        assert_eq!((u.host, u.identity), ("host:8883", Some(TwinId::device("d"))));
+        // Docs form without client type; no query at all; host only.
+        assert_eq!(parse_username("h/d/?api-version=2021-04-12").unwrap().identity, Some(TwinId::device("d")));
+        assert_eq!(parse_username("h/d/").unwrap().identity, Some(TwinId::device("d")));
+        assert_eq!(parse_username("h/d").unwrap().identity, Some(TwinId::device("d")));
+        assert_eq!(parse_username("h").unwrap().identity, None);
+        assert_eq!(parse_username("h/d/?flag").unwrap().param("flag"), Some(""));
+        for bad in ["h//d/?x=1", "h/d/m/x/?a=1", "/d/", "h/d//"] {
+            assert!(parse_username(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Parsers take any text without panicking.
+    #[test]
+    fn fuzz_parsers_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        let alphabet: Vec<char> = "/?&=%$#+ a1.:\u{e9}\0".chars().collect();
+        let id = TwinId::device("a1");
+        for _ in 0..50_000 {
+            let s: String = (0..rng.gen_range(0..24)).map(|_| alphabet[rng.gen_range(0..alphabet.len())]).collect();
+            let _ = parse_username(&s);
+            let _ = parse_client_id(&s);
+            let _ = super::super::topics::classify(&s, &id);
+            let _ = super::super::topics::valid_filter(&s);
+            let _ = super::super::topics::matches(&s, &s);
+            let _ = super::super::topics::matches(&s, "$iothub/twin/res/200/?$rid=1");
+            let _ = SasToken::parse(&s);
+        }
+    }
+}
