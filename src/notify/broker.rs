@@ -1,20 +1,207 @@
 //! The back-end event broker: rumqttd, with clients authenticated by a policy SAS token, publishing the
 //! change feed on `twin-changes/{deviceId}[/{moduleId}]`.
 //!
-//! INTERFACE STUB: being implemented.
+//! # Shape
+//! ```text
+//! back end ──TLS──▶ public listener (bound by the node, port 0 allowed)
+//!                   gate.rs: TLS termination, CONNECT check (CONNACK refusal), PUBLISH refused
+//!                        │ plain TCP
+//!                        ▼
+//!                   rumqttd v4 server on 127.0.0.1:<free port>   (its own thread + runtime)
+//!                        ▲ local link "twinhub-feed" (QoS 0 publishes)
+//!                   feed thread: hub.changes(None) → one publish per event
+//! ```
+//! rumqttd binds its listener from its config and cannot take an already-bound socket, so it listens
+//! on a loopback port picked by binding `127.0.0.1:0` and releasing it; the node's public listener is
+//! served by the gate, which forwards to that port.
+//!
+//! # Security
+//! Clients log in with username = policy name and password = a SAS token of that policy granting
+//! `ServiceConnect` (`sr` = the hub host name, with or without a port). The gate checks the login and
+//! answers a refusal with a CONNACK code; rumqttd's own auth handler checks it again, so connecting to
+//! the loopback port directly gains nothing. rumqttd 0.20 has no per-topic ACL and no way to forbid
+//! client publishes, so the gate closes any client connection that sends a PUBLISH: only the node
+//! publishes on `twin-changes/...`. Subscriptions are not restricted (every authorised back end may
+//! read every twin's changes, as with `ServiceConnect` on the REST API).
+//!
+//! # Delivery
+//! At most once (QoS 0) and live only: subscribers get what is published while they are subscribed.
+//! The broker's feed consumer coalesces like any other; if it ever falls `feed_queue` events behind, a
+//! `{"resync": {"position", "reason"}}` message goes to `twin-changes-resync`. Back ends that need
+//! resumption use the SSE feed (`GET /twin-changes` with `Last-Event-ID`). Ids in topics are escaped:
+//! `%` → `%25`, `+` → `%2B`, `#` → `%23` (legal in IoT Hub ids, wildcards in MQTT).
+//!
+//! # Shutdown
+//! On `stop` the gate stops accepting and its relays end, rumqttd's server thread drops its runtime
+//! (closing every broker connection), and the hub is closed so that feed consumers (the broker's and
+//! SSE streams) end rather than hold the HTTP drain open. rumqttd's router thread has no stop and
+//! stays parked until the process exits.
 
+mod gate;
+
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use rumqttd::local::{LinkBuilder, LinkTx};
+use rumqttd::protocol::v4::V4;
+use rumqttd::{ConnectionSettings, LinkType, RouterConfig, Server, ServerSettings};
+use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::sync::{oneshot, Semaphore};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::Hub;
+use super::{ChangeEvent, FeedItem, Hub};
 use crate::auth::Policies;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
     #[error("event broker: {0}")]
     Start(String),
+}
+
+/// Back-end connections served at once; more wait in the accept queue.
+const MAX_CLIENTS: usize = 1024;
+/// A client that does not finish its TLS handshake in this time is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest event the broker carries (a replaced twin with full tags, desired and reported, metadata).
+const MAX_EVENT: usize = 1024 * 1024;
+/// Where a resync of the broker's own feed consumer is announced (outside `twin-changes/#` on purpose:
+/// `$resync` would be a legal device id).
+pub const RESYNC_TOPIC: &str = "twin-changes-resync";
+
+/// The topic of an event: `twin-changes/{deviceId}[/{moduleId}]`, ids escaped.
+pub fn topic_of(e: &ChangeEvent) -> String {
+    let esc = |s: &str| s.replace('%', "%25").replace('+', "%2B").replace('#', "%23");
+    match &e.module_id {
+        Some(m) => format!("twin-changes/{}/{}", esc(&e.device_id), esc(m)),
+        None => format!("twin-changes/{}", esc(&e.device_id)),
+    }
+}
+
+/// `{"properties", "body", "merged", "position"}`.
+pub fn payload_of(e: &ChangeEvent) -> Vec<u8> {
+    let mut v = e.to_json();
+    if let Value::Object(m) = &mut v {
+        m.insert("position".into(), Value::String(e.position.clone()));
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// A free loopback port for rumqttd (bound and released: rumqttd binds it again itself).
+fn free_loopback_port() -> Result<SocketAddr, BrokerError> {
+    let l =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| BrokerError::Start(format!("no loopback port: {e}")))?;
+    l.local_addr().map_err(|e| BrokerError::Start(format!("no loopback port: {e}")))
+}
+
+fn rumqttd_settings(internal: SocketAddr, policies: Arc<Policies>, host: Arc<str>) -> (RouterConfig, ServerSettings) {
+    let router = RouterConfig {
+        max_connections: MAX_CLIENTS + 16,
+        max_outgoing_packet_count: 200,
+        // Each subscribed filter keeps at most this much of its log in memory.
+        max_segment_size: 4 * MAX_EVENT,
+        max_segment_count: 3,
+        ..Default::default()
+    };
+    let mut connections = ConnectionSettings {
+        connection_timeout_ms: gate::CONNECT_TIMEOUT.as_millis() as u16,
+        max_payload_size: MAX_EVENT,
+        max_inflight_count: 100,
+        auth: None,
+        external_auth: None,
+        dynamic_filters: false,
+    };
+    connections.set_auth_handler(move |client_id: String, user: String, pass: String| {
+        let verdict = gate::verify_login(&policies, &host, &user, &pass);
+        if let Err(e) = &verdict {
+            tracing::info!(%client_id, %user, "event broker login refused: {e}");
+        }
+        std::future::ready(verdict.is_ok())
+    });
+    let server = ServerSettings {
+        name: "twinhub-events".into(),
+        listen: internal,
+        tls: None,
+        next_connection_delay_ms: 0,
+        connections,
+    };
+    (router, server)
+}
+
+/// rumqttd's server and the builder of the local link the feed publishes through, both on one router.
+/// (rumqttd does not export its router channel's type, so both are made where it is inferred.)
+fn build_rumqttd(router: RouterConfig, server: ServerSettings) -> (Server<V4>, LinkBuilder<'static>) {
+    let router_tx = rumqttd::Router::new(0, router).spawn();
+    let link = LinkBuilder::new("twinhub-feed", router_tx.clone());
+    (Server::new(server, router_tx, V4), link)
+}
+
+/// Runs rumqttd's v4 server on its own thread and runtime until `stop` fires (dropping the runtime
+/// closes every broker connection).
+fn start_rumqttd(mut server: Server<V4>, stop: oneshot::Receiver<()>) -> Result<(), BrokerError> {
+    std::thread::Builder::new()
+        .name("twinhub-broker".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!("event broker runtime: {e}"),
+            };
+            rt.block_on(async move {
+                tokio::select! {
+                    r = server.start(LinkType::Remote) => if let Err(e) = r {
+                        tracing::error!("event broker stopped: {e}");
+                    },
+                    _ = stop => {}
+                }
+            });
+        })
+        .map(|_| ())
+        .map_err(|e| BrokerError::Start(format!("broker thread: {e}")))
+}
+
+/// Publishes the change feed through a local link, on its own thread: rumqttd's link calls block on
+/// the router's channel, which must not stall a tokio worker.
+fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>) -> Result<(), BrokerError> {
+    let mut feed = hub.changes(None);
+    std::thread::Builder::new()
+        .name("twinhub-broker-feed".into())
+        .spawn(move || {
+            let (mut tx, _rx, _ack) = match link.build() {
+                Ok(link) => link,
+                Err(e) => return tracing::error!("event broker feed link: {e}"),
+            };
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => return tracing::error!("event broker feed runtime: {e}"),
+            };
+            rt.block_on(async move {
+                while let Some(item) = feed.next().await {
+                    if let Err(e) = publish(&mut tx, item) {
+                        tracing::error!("event broker feed stopped: {e}");
+                        return;
+                    }
+                }
+            });
+        })
+        .map(|_| ())
+        .map_err(|e| BrokerError::Start(format!("broker feed thread: {e}")))
+}
+
+fn publish(tx: &mut LinkTx, item: FeedItem) -> Result<(), Box<rumqttd::local::LinkError>> {
+    match item {
+        FeedItem::Event(e) => {
+            tx.publish(topic_of(&e), payload_of(&e))?;
+            metrics::counter!("twinhub_notify_broker_published_total").increment(1);
+        }
+        FeedItem::Resync { position, reason } => {
+            tracing::warn!(%position, %reason, "event broker feed fell behind; subscribers must resync");
+            let msg = serde_json::json!({"resync": {"position": position, "reason": reason}});
+            tx.publish(RESYNC_TOPIC, serde_json::to_vec(&msg).unwrap_or_default())?;
+        }
+    }
+    Ok(())
 }
 
 /// Serves the event broker on `listener` (TLS with `tls`) until `stop`.
@@ -26,7 +213,92 @@ pub async fn serve(
     host: String,
     stop: CancellationToken,
 ) -> Result<(), BrokerError> {
-    let _ = (listener, tls, hub, policies, host);
-    stop.cancelled().await;
+    // Closing the hub on stop ends every feed consumer (SSE streams included) so that the HTTP drain
+    // does not wait for them, whatever happens to the broker below.
+    {
+        let (hub, stop) = (hub.clone(), stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            hub.close();
+        });
+    }
+    let host: Arc<str> = Arc::from(host.as_str());
+    let internal = free_loopback_port()?;
+    let (router_config, server) = rumqttd_settings(internal, policies.clone(), host.clone());
+    let (server, link) = build_rumqttd(router_config, server);
+    let (stop_server, server_stopped) = oneshot::channel();
+    start_rumqttd(server, server_stopped)?;
+    start_feed(hub.clone(), link)?;
+    tracing::info!(public = ?listener.local_addr().ok(), %internal, "event broker ready");
+
+    let acceptor = TlsAcceptor::from(tls);
+    let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    tracing::warn!("event broker accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, policies, host, stop) = (acceptor.clone(), policies.clone(), host.clone(), stop.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(%peer, "event broker TLS handshake failed: {e}"),
+                Err(_) => return tracing::debug!(%peer, "event broker TLS handshake timed out"),
+            };
+            metrics::gauge!("twinhub_notify_broker_clients").increment(1.0);
+            tokio::select! {
+                r = gate::relay(stream, internal, policies, host) => match r {
+                    Ok(()) => tracing::debug!(%peer, "event broker client left"),
+                    Err(e) => tracing::info!(%peer, "event broker client closed: {e}"),
+                },
+                () = stop.cancelled() => {}
+            }
+            metrics::gauge!("twinhub_notify_broker_clients").decrement(1.0);
+        });
+    }
+    drop(listener);
+    let _ = stop_server.send(());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notify::Source;
+
+    #[test]
+    fn topics_escape_mqtt_wildcards_and_payload_has_the_position() {
+        let mut e = ChangeEvent {
+            position: "ep-5".into(),
+            source: Source::TwinChangeEvents,
+            device_id: "a+b#c%d".into(),
+            module_id: None,
+            properties: vec![],
+            body: serde_json::json!({"version": 2}),
+            merged: 1,
+        };
+        assert_eq!(topic_of(&e), "twin-changes/a%2Bb%23c%25d");
+        e.module_id = Some("m".into());
+        assert_eq!(topic_of(&e), "twin-changes/a%2Bb%23c%25d/m");
+        let p: Value = serde_json::from_slice(&payload_of(&e)).unwrap();
+        assert_eq!(p["position"], "ep-5");
+        assert_eq!(p["body"]["version"], 2);
+        assert_eq!(p["properties"]["iothub-message-source"], "twinChangeEvents");
+    }
 }

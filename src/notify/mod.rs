@@ -6,15 +6,56 @@
 //! queue, and while a subscriber is busy its pending notifications for one twin merge into one that
 //! carries the latest version (architecture invariant 7: never backwards, never skipping the final state).
 //!
-//! INTERFACE STUB: the coalescing queues, the change ring and the broker are being implemented.
+//! # Layout
+//! - `coalesce.rs`: pure, exact merging of JSON merge patches, `$metadata` and change bodies.
+//! - `queue.rs`: the per-subscriber queues (`PushQueue`, `FeedQueue`), no locks.
+//! - `event.rs`: model events → [`ChangeEvent`] (application properties, JSON form).
+//! - this file: the [`Hub`] that owns the queues behind two short-lived std mutexes (one for device
+//!   registrations, one for the feed), the retained ring and the wake-ups.
+//! - `broker.rs`: the embedded MQTT event broker for back ends.
+//!
+//! # The feed
+//! Every change event gets a node-local sequence number; its position is `"{epoch}-{seq}"`, where the
+//! epoch is random per process start, so a `Last-Event-ID` from an earlier run or another node is
+//! recognised as foreign and answered with [`FeedItem::Resync`]. The last [`HubConfig::retained`]
+//! events (at most [`HubConfig::retained_bytes`]) stay in a ring: a consumer resuming from a retained
+//! position first reads the ring (events exactly as published, not coalesced), then switches to live
+//! delivery in the same critical section that publishing uses, so nothing falls between the two. Live
+//! consumers get their own bounded, coalescing queue; one that falls [`HubConfig::feed_queue`] behind
+//! gets a `Resync` and continues live.
+//!
+//! Model events carry no time, so `operationTimestamp` is the wall clock when this node published the
+//! event (events re-applied from the log at start-up get the start-up time). Each node's feed holds the
+//! events of the shards it replicates, numbered in the order this node applied them.
+//!
+//! # Known limitation of resuming after coalescing
+//! A merged event moves to the position of its newest part, so positions a consumer receives strictly
+//! increase. If a consumer disconnects right after receiving an event of twin U at position p while a
+//! merged event of twin T (holding a change of T *older* than p) is still pending, resuming from p
+//! replays only T's changes after p: the older part is not sent again. Consumers that must never miss a
+//! change re-read the twins they care about after a reconnect (as after a `Resync`).
 
-use std::sync::Arc;
+pub mod broker;
+mod coalesce;
+mod event;
+mod queue;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
+use tokio::sync::Notify;
 
 use crate::ids::{ShardId, TwinId};
 use crate::model::Event;
 use crate::shard::EventSink;
+
+use event::Kind;
+use queue::{Change, FeedQueue, Offered, PushQueue};
 
 /// Limits of the hub's queues.
 #[derive(Clone, Debug)]
@@ -29,6 +70,9 @@ pub struct HubConfig {
     pub feed_queue: usize,
     /// Change events kept for consumers resuming with `Last-Event-ID`.
     pub retained: usize,
+    /// ... and at most this many bytes of them (JSON size): twin bodies run to tens of KB, so a count
+    /// alone could pin gigabytes.
+    pub retained_bytes: usize,
 }
 
 impl HubConfig {
@@ -38,6 +82,7 @@ impl HubConfig {
             device_queue: 256,
             feed_queue: 8192,
             retained: 65_536,
+            retained_bytes: 64 << 20,
         }
     }
 }
@@ -45,6 +90,76 @@ impl HubConfig {
 /// The node's notification hub.
 pub struct Hub {
     config: HubConfig,
+    /// Random per process start: positions from another run or node are recognised as foreign.
+    epoch: String,
+    pushes: Mutex<PushState>,
+    feed: Mutex<FeedState>,
+    closed: AtomicBool,
+}
+
+/// Device connections registered for desired pushes.
+#[derive(Default)]
+struct PushState {
+    next_id: u64,
+    /// Registrations per identity (several during a takeover).
+    by_twin: HashMap<TwinId, Vec<u64>>,
+    regs: HashMap<u64, Registration>,
+}
+
+struct Registration {
+    queue: PushQueue,
+    notify: Arc<Notify>,
+}
+
+/// The change feed: sequence, retained ring and consumers.
+struct FeedState {
+    /// Sequence of the last published event (0: none yet).
+    seq: u64,
+    /// The last `retained` changes; `ring[i].seq == ring_first + i`.
+    ring: VecDeque<Arc<Change>>,
+    /// JSON size of the changes in `ring`.
+    ring_bytes: usize,
+    next_id: u64,
+    consumers: HashMap<u64, Consumer>,
+}
+
+impl FeedState {
+    /// Sequence of the oldest retained change (`seq + 1` when the ring is empty).
+    fn ring_first(&self) -> u64 {
+        self.ring.front().map_or(self.seq + 1, |c| c.seq)
+    }
+}
+
+/// Which events a consumer wants.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeedFilter {
+    /// Only this device and its modules.
+    pub device_id: Option<String>,
+    /// Only this module (with `device_id`).
+    pub module_id: Option<String>,
+}
+
+impl FeedFilter {
+    pub fn matches(&self, twin: &TwinId) -> bool {
+        self.device_id.as_ref().is_none_or(|d| *d == twin.device_id)
+            && self.module_id.as_ref().is_none_or(|m| twin.module_id.as_ref() == Some(m))
+    }
+}
+
+enum Mode {
+    /// Reading the ring after this sequence (a resumed consumer catching up).
+    Replay { after: u64 },
+    /// Receiving published changes in its own queue.
+    Live,
+}
+
+struct Consumer {
+    filter: FeedFilter,
+    mode: Mode,
+    queue: FeedQueue,
+    /// A resync to deliver before anything else: (position, reason).
+    resync: Option<(String, String)>,
+    notify: Arc<Notify>,
 }
 
 /// One desired-property push for a device connection: publish `body` on
@@ -60,15 +175,38 @@ pub struct DesiredPush {
 
 /// A device connection's registration for desired pushes; dropping it unregisters.
 pub struct DesiredPushes {
-    _hub: Arc<Hub>,
-    _id: TwinId,
+    hub: Arc<Hub>,
+    id: TwinId,
+    reg: u64,
+    notify: Arc<Notify>,
 }
 
 impl DesiredPushes {
     /// The next push. `None` means the queue overflowed: close the connection (the device re-reads its
     /// twin when it reconnects) — or the hub shut down.
+    ///
+    /// Cancel safe: a push is removed from the queue only when this returns it, so using it in
+    /// `select!` loses nothing.
     pub async fn next(&mut self) -> Option<DesiredPush> {
-        std::future::pending().await
+        loop {
+            match self.hub.take_push(self.reg) {
+                Step::Item(p) => return Some(p),
+                Step::End => return None,
+                Step::Wait => self.notify.notified().await,
+                Step::Again => tokio::task::yield_now().await,
+            }
+        }
+    }
+
+    /// The identity this registration is for.
+    pub fn id(&self) -> &TwinId {
+        &self.id
+    }
+}
+
+impl Drop for DesiredPushes {
+    fn drop(&mut self) {
+        self.hub.unregister_pushes(&self.id, self.reg);
     }
 }
 
@@ -101,23 +239,73 @@ pub enum FeedItem {
     Event(ChangeEvent),
     /// The consumer's position is no longer retained (too old, or from an earlier run of this node), or
     /// it fell too far behind: re-read the twins it cares about, then carry on from here.
-    Resync { position: String, reason: String },
+    Resync {
+        position: String,
+        reason: String,
+    },
 }
 
 /// A consumer's view of the change feed; dropping it unregisters.
 pub struct ChangeFeed {
-    _hub: Arc<Hub>,
+    hub: Arc<Hub>,
+    id: u64,
+    notify: Arc<Notify>,
 }
 
 impl ChangeFeed {
+    /// The next event or resync; `None` once the hub is closed. Cancel safe.
     pub async fn next(&mut self) -> Option<FeedItem> {
-        std::future::pending().await
+        loop {
+            match self.hub.take_feed(self.id) {
+                Step::Item(item) => return Some(item),
+                Step::End => return None,
+                Step::Wait => self.notify.notified().await,
+                Step::Again => tokio::task::yield_now().await,
+            }
+        }
     }
 }
 
+impl Drop for ChangeFeed {
+    fn drop(&mut self) {
+        self.hub.unregister_feed(self.id);
+    }
+}
+
+/// One attempt to take from a queue.
+enum Step<T> {
+    Item(T),
+    Wait,
+    /// Made progress without a result; yield to the runtime and try again.
+    Again,
+    End,
+}
+
+/// A poisoned lock means a panic while it was held; carry on with the queues as they are rather than
+/// spread the panic into the state machine that publishes.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How many ring entries one `take_feed` call scans for a filtered consumer before releasing the lock.
+const REPLAY_SCAN: usize = 1024;
+
 impl Hub {
     pub fn new(config: HubConfig) -> Arc<Hub> {
-        Arc::new(Hub { config })
+        let epoch = format!("{:016x}", rand::random::<u64>());
+        Arc::new(Hub {
+            config,
+            epoch,
+            pushes: Mutex::new(PushState::default()),
+            feed: Mutex::new(FeedState {
+                seq: 0,
+                ring: VecDeque::new(),
+                ring_bytes: 0,
+                next_id: 0,
+                consumers: HashMap::new(),
+            }),
+            closed: AtomicBool::new(false),
+        })
     }
 
     pub fn config(&self) -> &HubConfig {
@@ -130,26 +318,281 @@ impl Hub {
         EventSink(Arc::new(move |shard, events| hub.publish(shard, events)))
     }
 
-    /// Queues the events of one applied command. Never blocks.
-    pub fn publish(&self, _shard: ShardId, _events: &[Event]) {}
+    fn position(&self, seq: u64) -> String {
+        format!("{}-{seq}", self.epoch)
+    }
+
+    /// The position of the newest event published so far (`{epoch}-0` before the first).
+    pub fn head(&self) -> String {
+        let seq = lock(&self.feed).seq;
+        self.position(seq)
+    }
+
+    /// Queues the events of one applied command. Never blocks: only short std-mutex critical sections
+    /// (no I/O, no await); change bodies are built before the feed lock is taken.
+    pub fn publish(&self, _shard: ShardId, events: &[Event]) {
+        if self.closed.load(Ordering::Acquire) || events.is_empty() {
+            return;
+        }
+        let now = crate::model::now_ms();
+        let mut changes = Vec::new();
+        for e in events {
+            match e {
+                Event::DesiredPatch { id, patch, desired_version } => self.push_desired(id, patch, *desired_version),
+                other => changes.extend(event::change_of(other, &self.config.hub_name, now)),
+            }
+        }
+        if !changes.is_empty() {
+            self.publish_changes(changes);
+        }
+    }
+
+    fn push_desired(&self, id: &TwinId, patch: &Value, version: i64) {
+        let mut st = lock(&self.pushes);
+        let Some(regs) = st.by_twin.get(id).cloned() else { return };
+        for r in regs {
+            let Some(reg) = st.regs.get_mut(&r) else { continue };
+            let outcome = reg.queue.offer(patch, version);
+            match outcome {
+                Offered::Appended => {}
+                Offered::Merged => metrics::counter!("twinhub_notify_pushes_merged_total").increment(1),
+                Offered::Stale | Offered::Superseded(_) => {
+                    metrics::counter!("twinhub_notify_pushes_stale_total").increment(1)
+                }
+                Offered::Overflow => {
+                    metrics::counter!("twinhub_notify_push_overflows_total").increment(1);
+                    tracing::info!(twin = %id, "desired push queue overflowed; closing the device connection");
+                }
+            }
+            if matches!(outcome, Offered::Appended | Offered::Merged | Offered::Overflow) {
+                reg.notify.notify_one();
+            }
+        }
+    }
+
+    fn publish_changes(&self, changes: Vec<event::Unplaced>) {
+        let mut st = lock(&self.feed);
+        let mut published = 0u64;
+        let (mut merged, mut superseded, mut overflows) = (0u64, 0u64, 0u64);
+        for u in changes {
+            st.seq += 1;
+            let seq = st.seq;
+            let mut ev = u.event;
+            ev.position = self.position(seq);
+            if u.kind == Kind::Connection {
+                ev.body = event::connection_body(seq);
+            }
+            let change = Arc::new(Change { seq, twin: ev.twin_id(), kind: u.kind, size: u.size, event: ev });
+            if self.config.retained > 0 {
+                st.ring_bytes += u.size;
+                st.ring.push_back(change.clone());
+                while st.ring.len() > self.config.retained || st.ring_bytes > self.config.retained_bytes {
+                    let Some(old) = st.ring.pop_front() else { break };
+                    st.ring_bytes = st.ring_bytes.saturating_sub(old.size);
+                }
+            }
+            published += 1;
+            for c in st.consumers.values_mut() {
+                if !matches!(c.mode, Mode::Live) || !c.filter.matches(&change.twin) {
+                    continue;
+                }
+                match c.queue.offer(change.clone()) {
+                    Offered::Appended => {}
+                    Offered::Merged => merged += 1,
+                    Offered::Superseded(n) => superseded += u64::from(n),
+                    Offered::Stale => continue,
+                    Offered::Overflow => {
+                        overflows += 1;
+                        c.resync = Some((
+                            change.event.position.clone(),
+                            format!("consumer fell more than {} events behind", self.config.feed_queue),
+                        ));
+                    }
+                }
+                c.notify.notify_one();
+            }
+        }
+        drop(st);
+        metrics::counter!("twinhub_notify_feed_events_total").increment(published);
+        metrics::counter!("twinhub_notify_feed_merged_total").increment(merged);
+        metrics::counter!("twinhub_notify_feed_superseded_total").increment(superseded);
+        if overflows > 0 {
+            metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "overflow").increment(overflows);
+        }
+    }
 
     /// Registers a device connection of identity `id` for desired pushes.
     pub fn desired_pushes(self: &Arc<Self>, id: &TwinId) -> DesiredPushes {
-        DesiredPushes { _hub: self.clone(), _id: id.clone() }
+        let notify = Arc::new(Notify::new());
+        let mut st = lock(&self.pushes);
+        st.next_id += 1;
+        let reg = st.next_id;
+        st.regs.insert(reg, Registration { queue: PushQueue::new(self.config.device_queue), notify: notify.clone() });
+        st.by_twin.entry(id.clone()).or_default().push(reg);
+        let regs = st.regs.len();
+        drop(st);
+        metrics::gauge!("twinhub_notify_device_registrations").set(regs as f64);
+        DesiredPushes { hub: self.clone(), id: id.clone(), reg, notify }
+    }
+
+    fn unregister_pushes(&self, id: &TwinId, reg: u64) {
+        let mut st = lock(&self.pushes);
+        st.regs.remove(&reg);
+        if let Some(v) = st.by_twin.get_mut(id) {
+            v.retain(|r| *r != reg);
+            if v.is_empty() {
+                st.by_twin.remove(id);
+            }
+        }
+        let regs = st.regs.len();
+        drop(st);
+        metrics::gauge!("twinhub_notify_device_registrations").set(regs as f64);
+    }
+
+    fn take_push(&self, reg: u64) -> Step<DesiredPush> {
+        if self.closed.load(Ordering::Acquire) {
+            return Step::End;
+        }
+        let mut st = lock(&self.pushes);
+        let Some(r) = st.regs.get_mut(&reg) else { return Step::End };
+        if r.queue.overflowed() {
+            return Step::End;
+        }
+        match r.queue.take() {
+            Some(p) => {
+                drop(st);
+                metrics::counter!("twinhub_notify_pushes_delivered_total").increment(1);
+                Step::Item(p)
+            }
+            None => Step::Wait,
+        }
     }
 
     /// A consumer of the change feed, starting after `last_event_id` (live from now if `None`).
-    pub fn changes(self: &Arc<Self>, _last_event_id: Option<&str>) -> ChangeFeed {
-        ChangeFeed { _hub: self.clone() }
+    pub fn changes(self: &Arc<Self>, last_event_id: Option<&str>) -> ChangeFeed {
+        self.changes_filtered(last_event_id, FeedFilter::default())
     }
 
-    /// Devices with at least one open connection on this node (`/statistics/service`).
+    /// Like [`Hub::changes`], only for the twins `filter` selects (resuming skips the others too).
+    pub fn changes_filtered(self: &Arc<Self>, last_event_id: Option<&str>, filter: FeedFilter) -> ChangeFeed {
+        let notify = Arc::new(Notify::new());
+        let mut st = lock(&self.feed);
+        let (mode, resync) = match last_event_id.map(|p| self.resume_point(&st, p)) {
+            None => (Mode::Live, None),
+            Some(Ok(after)) if after >= st.seq => (Mode::Live, None),
+            Some(Ok(after)) => (Mode::Replay { after }, None),
+            Some(Err(reason)) => (Mode::Live, Some((self.position(st.seq), reason))),
+        };
+        if let Some((_, reason)) = &resync {
+            tracing::debug!(last_event_id, %reason, "change feed consumer must resync");
+            metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "resume").increment(1);
+        }
+        st.next_id += 1;
+        let id = st.next_id;
+        st.consumers.insert(
+            id,
+            Consumer { filter, mode, queue: FeedQueue::new(self.config.feed_queue), resync, notify: notify.clone() },
+        );
+        let n = st.consumers.len();
+        drop(st);
+        metrics::gauge!("twinhub_notify_feed_consumers").set(n as f64);
+        ChangeFeed { hub: self.clone(), id, notify }
+    }
+
+    /// The sequence to resume after, or why that is impossible.
+    fn resume_point(&self, st: &FeedState, last_event_id: &str) -> Result<u64, String> {
+        let (epoch, seq) = last_event_id
+            .trim()
+            .rsplit_once('-')
+            .ok_or_else(|| format!("'{last_event_id}' is not a position of this feed"))?;
+        let seq: u64 = seq.parse().map_err(|_| format!("'{last_event_id}' is not a position of this feed"))?;
+        if epoch != self.epoch {
+            return Err(format!("position {last_event_id} is from another node or an earlier run of this one"));
+        }
+        if seq > st.seq {
+            return Err(format!("position {last_event_id} is ahead of this feed"));
+        }
+        if seq + 1 < st.ring_first() {
+            return Err(format!("position {last_event_id} is no longer retained"));
+        }
+        Ok(seq)
+    }
+
+    fn unregister_feed(&self, id: u64) {
+        let mut st = lock(&self.feed);
+        st.consumers.remove(&id);
+        let n = st.consumers.len();
+        drop(st);
+        metrics::gauge!("twinhub_notify_feed_consumers").set(n as f64);
+    }
+
+    fn take_feed(&self, id: u64) -> Step<FeedItem> {
+        if self.closed.load(Ordering::Acquire) {
+            return Step::End;
+        }
+        let mut guard = lock(&self.feed);
+        let st = &mut *guard;
+        let (seq, ring_first) = (st.seq, st.ring_first());
+        let Some(c) = st.consumers.get_mut(&id) else { return Step::End };
+        if let Some((position, reason)) = c.resync.take() {
+            return Step::Item(FeedItem::Resync { position, reason });
+        }
+        if let Mode::Replay { after } = c.mode {
+            if after + 1 < ring_first {
+                // The ring moved on while this consumer was still replaying it.
+                c.mode = Mode::Live;
+                metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "replay").increment(1);
+                return Step::Item(FeedItem::Resync {
+                    position: self.position(seq),
+                    reason: "fell behind the retained events while catching up".into(),
+                });
+            }
+            let start = (after + 1 - ring_first) as usize;
+            let mut last = after;
+            for change in st.ring.iter().skip(start).take(REPLAY_SCAN) {
+                last = change.seq;
+                if c.filter.matches(&change.twin) {
+                    c.mode = Mode::Replay { after: change.seq };
+                    metrics::counter!("twinhub_notify_feed_delivered_total").increment(1);
+                    return Step::Item(FeedItem::Event(change.event.clone()));
+                }
+            }
+            if last < seq {
+                // Scanned a batch without a match; let others have the lock, then carry on.
+                c.mode = Mode::Replay { after: last };
+                return Step::Again;
+            }
+            // Caught up: from now on publishing queues for this consumer (same lock, nothing missed).
+            c.mode = Mode::Live;
+        }
+        match c.queue.take() {
+            Some(change) => {
+                drop(guard);
+                metrics::counter!("twinhub_notify_feed_delivered_total").increment(1);
+                Step::Item(FeedItem::Event(change.event.clone()))
+            }
+            None => Step::Wait,
+        }
+    }
+
+    /// Devices with at least one open connection on this node (`/statistics/service`): distinct
+    /// identities (device or module) with a desired-push registration.
     pub fn connected_devices(&self) -> u64 {
-        0
+        lock(&self.pushes).by_twin.len() as u64
     }
 
-    /// Wakes every subscriber with `None` (node shutdown).
-    pub fn close(&self) {}
-}
+    /// Wakes every subscriber with `None` (node shutdown). Later events are ignored.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        for r in lock(&self.pushes).regs.values() {
+            r.notify.notify_one();
+        }
+        for c in lock(&self.feed).consumers.values() {
+            c.notify.notify_one();
+        }
+    }
 
-pub mod broker;
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,202 @@
+//! From model events to change events as IoT Hub's back-end streams carry them (spec §3.5): the
+//! application properties, the body, and the JSON form that SSE and the broker send.
+
+use serde_json::{json, Map, Value};
+
+use super::{ChangeEvent, Source};
+use crate::ids::TwinId;
+use crate::model::time::format_ms;
+use crate::model::Event;
+
+impl Source {
+    /// `iothub-message-source`, also the SSE event name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::TwinChangeEvents => "twinChangeEvents",
+            Source::DeviceLifecycleEvents => "deviceLifecycleEvents",
+            Source::DeviceConnectionStateEvents => "deviceConnectionStateEvents",
+        }
+    }
+
+    /// `iothub-message-schema`.
+    pub fn schema(self) -> &'static str {
+        match self {
+            Source::TwinChangeEvents => "twinChangeNotification",
+            Source::DeviceLifecycleEvents => "deviceLifecycleNotification",
+            Source::DeviceConnectionStateEvents => "deviceConnectionStateNotification",
+        }
+    }
+}
+
+/// How a feed entry may coalesce (see `queue.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `updateTwin`: a patch; merges with a pending patch of the same twin.
+    Update,
+    /// `replaceTwin`: the full twin; supersedes pending changes of the same twin.
+    Replace,
+    /// Identity created or deleted: never merges, and nothing merges across it.
+    Lifecycle,
+    /// Connected / disconnected: never merges.
+    Connection,
+}
+
+impl ChangeEvent {
+    pub fn twin_id(&self) -> TwinId {
+        TwinId { device_id: self.device_id.clone(), module_id: self.module_id.clone() }
+    }
+
+    /// An application property by name.
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The twin `version` a twin change reflects (`None` for other events).
+    pub fn version(&self) -> Option<i64> {
+        match self.source {
+            Source::TwinChangeEvents => self.body.get("version").and_then(Value::as_i64),
+            _ => None,
+        }
+    }
+
+    /// `{"properties": {...application properties..., "iothub-message-source"}, "body", "merged"}`:
+    /// what SSE sends as `data` and the broker as its payload (plus `position` there).
+    pub fn to_json(&self) -> Value {
+        let mut props: Map<String, Value> =
+            self.properties.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        props.insert("iothub-message-source".into(), Value::String(self.source.as_str().into()));
+        json!({"properties": props, "body": self.body, "merged": self.merged})
+    }
+}
+
+/// A change event not yet placed in the feed: its position (and a connection event's sequence number)
+/// is assigned under the feed lock, everything else is built before taking it.
+pub struct Unplaced {
+    pub event: ChangeEvent,
+    pub kind: Kind,
+    /// JSON size of the body plus a little for the properties.
+    pub size: usize,
+}
+
+/// Counts bytes instead of keeping them.
+struct Counter(usize);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Size of a JSON value as serialised, without allocating it.
+pub fn json_size(v: &Value) -> usize {
+    let mut c = Counter(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
+}
+
+/// The change event for a model event, or `None` for events that are not part of the change feed
+/// (desired patches go to devices). `now_ms` is the wall clock at publish: model events carry no time
+/// of their own, so `operationTimestamp` is when this node learnt of the commit.
+pub fn change_of(event: &Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> {
+    let (id, source, op_type, body, kind) = match event {
+        Event::TwinChanged { id, op_type, body, .. } => {
+            let kind = if op_type == "replaceTwin" { Kind::Replace } else { Kind::Update };
+            (id, Source::TwinChangeEvents, op_type.clone(), body.clone(), kind)
+        }
+        Event::Lifecycle { id, op_type, body } => {
+            (id, Source::DeviceLifecycleEvents, op_type.clone(), body.clone(), Kind::Lifecycle)
+        }
+        Event::Connection { id, connected } => {
+            let op = if *connected { "deviceConnected" } else { "deviceDisconnected" };
+            // The body's sequence number is filled in with the feed position.
+            (id, Source::DeviceConnectionStateEvents, op.to_string(), Value::Null, Kind::Connection)
+        }
+        Event::DesiredPatch { .. } => return None,
+    };
+    let mut properties =
+        vec![("hubName".to_string(), hub_name.to_string()), ("deviceId".to_string(), id.device_id.clone())];
+    if let Some(m) = &id.module_id {
+        properties.push(("moduleId".to_string(), m.clone()));
+    }
+    properties.push(("operationTimestamp".to_string(), format_ms(now_ms)));
+    properties.push(("iothub-message-schema".to_string(), source.schema().to_string()));
+    properties.push(("opType".to_string(), op_type));
+    let size = json_size(&body) + 256;
+    Some(Unplaced {
+        size,
+        event: ChangeEvent {
+            position: String::new(),
+            source,
+            device_id: id.device_id.clone(),
+            module_id: id.module_id.clone(),
+            properties,
+            body,
+            merged: 1,
+        },
+        kind,
+    })
+}
+
+/// A connection event's body: IoT Hub sends an opaque, zero-padded hex sequence number that orders
+/// connection events; ours is the feed sequence.
+pub fn connection_body(seq: u64) -> Value {
+    json!({"sequenceNumber": format!("{seq:064X}")})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_for_each_source() {
+        let e = Event::TwinChanged {
+            id: TwinId::module("d1", "m1"),
+            op_type: "updateTwin".into(),
+            body: json!({"version": 3, "tags": {"a": 1}}),
+            version: 3,
+        };
+        let u = change_of(&e, "hub", 1_700_000_000_123).unwrap();
+        assert_eq!(u.kind, Kind::Update);
+        assert_eq!(
+            u.event.properties,
+            vec![
+                ("hubName".to_string(), "hub".to_string()),
+                ("deviceId".into(), "d1".into()),
+                ("moduleId".into(), "m1".into()),
+                ("operationTimestamp".into(), "2023-11-14T22:13:20.123Z".into()),
+                ("iothub-message-schema".into(), "twinChangeNotification".into()),
+                ("opType".into(), "updateTwin".into()),
+            ]
+        );
+        assert_eq!(u.event.version(), Some(3));
+        let j = u.event.to_json();
+        assert_eq!(j["properties"]["iothub-message-source"], "twinChangeEvents");
+        assert_eq!(j["body"]["tags"]["a"], 1);
+        assert_eq!(j["merged"], 1);
+
+        let c = change_of(&Event::Connection { id: TwinId::device("d2"), connected: false }, "hub", 0).unwrap();
+        assert_eq!(c.kind, Kind::Connection);
+        assert_eq!(c.event.property("opType"), Some("deviceDisconnected"));
+        assert_eq!(c.event.property("iothub-message-schema"), Some("deviceConnectionStateNotification"));
+        assert_eq!(c.event.property("moduleId"), None);
+
+        let l = Event::Lifecycle { id: TwinId::device("d3"), op_type: "deleteDeviceIdentity".into(), body: json!({}) };
+        let l = change_of(&l, "hub", 0).unwrap();
+        assert_eq!((l.kind, l.event.source), (Kind::Lifecycle, Source::DeviceLifecycleEvents));
+        assert_eq!(l.event.property("iothub-message-schema"), Some("deviceLifecycleNotification"));
+
+        let r =
+            Event::TwinChanged { id: TwinId::device("d"), op_type: "replaceTwin".into(), body: json!({}), version: 2 };
+        assert_eq!(change_of(&r, "hub", 0).unwrap().kind, Kind::Replace);
+        let p = Event::DesiredPatch { id: TwinId::device("d"), patch: json!({}), desired_version: 2 };
+        assert!(change_of(&p, "hub", 0).is_none());
+        assert_eq!(connection_body(255)["sequenceNumber"].as_str().unwrap().len(), 64);
+        assert!(connection_body(255)["sequenceNumber"].as_str().unwrap().ends_with("00FF"));
+        assert_eq!(json_size(&json!({"a": [1, "x"]})), r#"{"a":[1,"x"]}"#.len());
+    }
+}
