@@ -732,13 +732,13 @@ async fn sas_auth_failures_and_policy_permissions() {
     assert_error(&r, 401, UNAUTHORIZED);
 
     // registryRead: may read the registry, may not write it nor touch twins' desired state. A valid
-    // token lacking the permission is 403 (IotHubUnauthorizedAccess), a bad token 401.
+    // token lacking the permission is 401 (IotHubUnauthorizedAccess) like a bad token, as IoT Hub answers.
     let rr = srv.api("registryRead", &srv.policy_key("registryRead"));
     rr.must_get("/devices/a1").await;
     rr.must_get("/devices?top=10").await;
-    rr.must_err(403, UNAUTHORIZED, "PUT", "/devices/a2", Some(&create), &[]).await;
-    rr.must_err(403, UNAUTHORIZED, "DELETE", "/devices/a1", None, &[("If-Match", "\"*\"")]).await;
-    rr.must_err(403, UNAUTHORIZED, "PATCH", "/twins/a1", Some(&json!({"tags": {"evil": 1}})), &[]).await;
+    rr.must_err(401, UNAUTHORIZED, "PUT", "/devices/a2", Some(&create), &[]).await;
+    rr.must_err(401, UNAUTHORIZED, "DELETE", "/devices/a1", None, &[("If-Match", "\"*\"")]).await;
+    rr.must_err(401, UNAUTHORIZED, "PATCH", "/twins/a1", Some(&json!({"tags": {"evil": 1}})), &[]).await;
     api.must_err(404, DEVICE_NOT_FOUND, "GET", "/devices/a2", None, &[]).await;
     api.must_get("/devices/a1").await;
     assert_eq!(tags_of(&api.must_get_twin("a1").await), json!({}));
@@ -753,7 +753,7 @@ async fn sas_auth_failures_and_policy_permissions() {
     sv.must_get_twin("a1").await;
     let t = sv.must_patch_twin("a1", &json!({"tags": {"by": "service"}})).await;
     assert_eq!(tags_of(&t), json!({"by": "service"}));
-    sv.must_err(403, UNAUTHORIZED, "PUT", "/devices/a3", Some(&json!({"deviceId": "a3", "authentication": {"symmetricKey": {}}})), &[]).await;
+    sv.must_err(401, UNAUTHORIZED, "PUT", "/devices/a3", Some(&json!({"deviceId": "a3", "authentication": {"symmetricKey": {}}})), &[]).await;
     api.must_err(404, DEVICE_NOT_FOUND, "GET", "/devices/a3", None, &[]).await;
 
     // A different policy's key does not work for this policy.

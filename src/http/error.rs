@@ -38,7 +38,8 @@ impl ApiError {
     /// Status and IoT Hub `ErrorCode`.
     pub fn classify(&self) -> (StatusCode, &'static str) {
         match self {
-            ApiError::Auth(AuthError::MissingPermission { .. }) => (StatusCode::FORBIDDEN, "IotHubUnauthorizedAccess"),
+            // IoT Hub answers 401 for a valid token whose policy lacks the permission too; SDKs read
+            // 403 as something else entirely (Node: TooManyDevices).
             ApiError::Auth(_) => (StatusCode::UNAUTHORIZED, "IotHubUnauthorizedAccess"),
             ApiError::Twin(e) => match e {
                 TwinError::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "DeviceNotFound"),
@@ -118,7 +119,7 @@ mod tests {
     fn status_mapping() {
         let cases: Vec<(ApiError, u16, &str)> = vec![
             (AuthError::BadSignature.into(), 401, "IotHubUnauthorizedAccess"),
-            (AuthError::MissingPermission { policy: "p".into(), needed: crate::auth::Permission::RegistryWrite }.into(), 403, "IotHubUnauthorizedAccess"),
+            (AuthError::MissingPermission { policy: "p".into(), needed: crate::auth::Permission::RegistryWrite }.into(), 401, "IotHubUnauthorizedAccess"),
             (TwinError::ModuleNotFound { device: "d".into(), module: "m".into() }.into(), 404, "ModuleNotFound"),
             (TwinError::DeviceAlreadyExists("d".into()).into(), 409, "DeviceAlreadyExists"),
             (TwinError::ModuleAlreadyExists { device: "d".into(), module: "m".into() }.into(), 409, "ModuleAlreadyExistsOnDevice"),

@@ -63,15 +63,15 @@ async fn missing_and_bad_auth_is_401() {
 }
 
 #[tokio::test]
-async fn missing_permission_is_403() {
+async fn missing_permission_is_401() {
     let (app, policies) = app();
     let (s, b, _) = call(app.clone(), "PUT", "/devices/d1", Some(token(&policies, "registryRead")), "{}").await;
-    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert!(b["Message"].as_str().unwrap().contains("RegistryWrite"), "{b}");
     let (s, _, _) = call(app.clone(), "PATCH", "/twins/d1", Some(token(&policies, "registryReadWrite")), "{}").await;
-    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
     let (s, _, _) = call(app, "GET", "/statistics/devices", Some(token(&policies, "service")), "").await;
-    assert_eq!(s, StatusCode::FORBIDDEN);
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
