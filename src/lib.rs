@@ -8,6 +8,7 @@
 //!   registry and the deterministic `apply` of a [`model::Command`]. No I/O, no clock.
 //! - [`shard`]: one openraft group per shard; the log and state machine live in one fjall database per
 //!   node, and a single writer group-commits the appends of every shard.
+//! - [`cluster`]: shard placement; the node-to-node transport (one authenticated HTTP/2 connection per peer).
 //! - [`twin`]: one ractor actor per *active* twin; it orders that twin's requests and pipelines them into
 //!   its shard's Raft group. Actors are spawned on first use and passivated when idle.
 //! - [`auth`]: SAS token parsing and verification, shared access policies.
@@ -21,6 +22,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod cluster;
 pub mod http;
 pub mod ids;
 pub mod model;

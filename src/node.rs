@@ -9,14 +9,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Policies, PolicyFileError, OWNER};
 use crate::cli::Config;
+use crate::cluster::transport::{ClusterSecret, Transport, TransportConfig};
 use crate::mqtt::Mqtt;
 use crate::notify::{Hub, HubConfig};
 use crate::shard::{ShardError, Shards, ShardsConfig};
 use crate::tls::{CertSource, TlsError};
 use crate::twin::{Twins, TwinsConfig};
 
-/// This issue runs a single node; the cluster issue assigns real ids.
-const NODE_ID: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -28,6 +27,8 @@ pub enum NodeError {
     Tls(#[from] TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("the cluster secret must not be empty")]
+    ClusterSecret,
     #[error("opening shards: {0}")]
     Shards(#[from] ShardError),
 }
@@ -55,6 +56,8 @@ pub struct Listen {
     pub mqtt: SocketAddr,
     pub mqtt_plain: Option<SocketAddr>,
     pub events: SocketAddr,
+    /// Inter-node listener (clustered nodes only).
+    pub cluster: Option<SocketAddr>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
@@ -89,32 +92,49 @@ impl Node {
             None => None,
         };
         let (events_listener, events_addr) = bind(config.events_listen).await?;
+        let stop = CancellationToken::new();
+        // The inter-node server runs before the shards open: peers may already be calling.
+        let (transport, cluster_addr) = match &config.cluster {
+            None => (None, None),
+            Some(c) => {
+                let secret = ClusterSecret::new(c.secret.as_bytes()).map_err(|_| NodeError::ClusterSecret)?;
+                let transport = Transport::new(TransportConfig::new(config.node_id, secret));
+                for (id, addr) in &c.peers {
+                    transport.peers().set(*id, addr.clone());
+                }
+                let (l, a) = bind(c.listen).await?;
+                tokio::spawn(crate::cluster::transport::serve(l, transport.service(), stop.child_token()));
+                (Some(transport), Some(a))
+            }
+        };
         let listen = Listen {
             http: http_addr,
             mqtt: mqtt_addr,
             mqtt_plain: mqtt_plain.as_ref().map(|(_, a)| *a),
             events: events_addr,
+            cluster: cluster_addr,
         };
         let hub = Hub::new(HubConfig::new(&config.hostname));
 
         let shards = Arc::new(
             Shards::open(ShardsConfig {
                 data_dir: dir.clone(),
-                node_id: NODE_ID,
+                node_id: config.node_id,
                 shard_count: config.shard_count,
                 snapshot_every: config.snapshot_every,
                 events: Some(hub.sink()),
+                transport: transport.clone(),
+                members: config.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
             })
             .await?,
         );
-        let twins = Twins::new(shards.clone(), TwinsConfig::default());
+        let twins = Twins::new(shards.clone(), TwinsConfig::default(), transport);
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
             hub: Some(hub.clone()),
             policies: policies.clone(),
             host: format!("{}:{}", config.hostname, http_addr.port()),
         });
-        let stop = CancellationToken::new();
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(listener, tls, app, stop.clone().cancelled_owned()));
@@ -136,10 +156,11 @@ impl Node {
                 tracing::error!("{e}");
             }
         }));
+        tasks.push(tokio::spawn(shard_metrics(shards.clone(), stop.clone())));
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
             .map_err(|source| NodeError::DataDir { path: dir.join("listen.json").display().to_string(), source })?;
-        tracing::info!(%http_addr, %mqtt_addr, mqtt_plain = ?listen.mqtt_plain, %events_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
+        tracing::info!(node = config.node_id, %http_addr, %mqtt_addr, mqtt_plain = ?listen.mqtt_plain, %events_addr, cluster = ?cluster_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
         Ok(Node { http_addr, listen, hub, hostname: config.hostname, policies, twins, shards, stop, http, tasks })
     }
 
@@ -156,6 +177,8 @@ impl Node {
     /// Stop accepting, drain open requests, stop the twin actors, then the Raft groups and storage.
     pub async fn shutdown(self) {
         self.stop.cancel();
+        // Open SSE streams and device push loops end now rather than holding the HTTP drain.
+        self.hub.close();
         if let Err(e) = self.http.await {
             tracing::warn!("HTTP server task: {e}");
         }
@@ -164,10 +187,43 @@ impl Node {
                 tracing::warn!("listener task: {e}");
             }
         }
-        self.hub.close();
         self.twins.shutdown().await;
         self.shards.shutdown().await;
         tracing::info!("twinhub stopped");
+    }
+}
+
+/// Publishes every shard's Raft state as Prometheus gauges once a second (term, last log, commit and
+/// apply index, leadership) and counts the leader changes this node observes.
+async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
+    let mut leaders: Vec<Option<u64>> = vec![None; shards.shard_count() as usize];
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if shards.ready() {
+            shards.balance_leaders().await;
+        }
+        for st in shards.status() {
+            let shard = st.shard.to_string();
+            metrics::gauge!("twinhub_shard_term", "shard" => shard.clone()).set(st.term as f64);
+            metrics::gauge!("twinhub_shard_last_log_index", "shard" => shard.clone()).set(st.last_log_index as f64);
+            metrics::gauge!("twinhub_shard_commit_index", "shard" => shard.clone()).set(st.committed as f64);
+            metrics::gauge!("twinhub_shard_apply_index", "shard" => shard.clone()).set(st.applied as f64);
+            metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader { 1.0 } else { 0.0 });
+            let max_lag = st.lag.values().copied().max().unwrap_or(0);
+            metrics::gauge!("twinhub_shard_max_replica_lag", "shard" => shard.clone()).set(max_lag as f64);
+            if let Some(prev) = leaders.get_mut(st.shard as usize) {
+                if *prev != st.leader {
+                    if prev.is_some() {
+                        metrics::counter!("twinhub_shard_leader_changes_total", "shard" => shard).increment(1);
+                    }
+                    *prev = st.leader;
+                }
+            }
+        }
     }
 }
 

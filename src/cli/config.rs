@@ -45,6 +45,22 @@ pub struct ServeArgs {
     /// Snapshot each shard after this many applied entries [default: 10000]
     #[arg(long)]
     pub snapshot_every: Option<u64>,
+    /// This node's id in the cluster; never reused for another node [default: 1]
+    #[arg(long)]
+    pub node_id: Option<u64>,
+    /// Inter-node (Raft and forwarding, HTTP/2) address; unset: a single-node hub [default: off]
+    #[arg(long)]
+    pub cluster_listen: Option<String>,
+    /// Address other nodes dial for --cluster-listen [default: the --cluster-listen address]
+    #[arg(long)]
+    pub cluster_advertise: Option<String>,
+    /// Secret every node of the cluster shares; signs inter-node traffic (required with --cluster-listen)
+    #[arg(long)]
+    pub cluster_secret: Option<String>,
+    /// Initial members as `ID=ADDR,ID=ADDR,…` (every founding node gets the same list; the lowest id
+    /// forms the groups)
+    #[arg(long)]
+    pub peers: Option<String>,
     /// TOML file with any of the options above (keys with underscores)
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -65,6 +81,22 @@ pub struct FileConfig {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub snapshot_every: Option<u64>,
+    pub node_id: Option<u64>,
+    pub cluster_listen: Option<String>,
+    pub cluster_advertise: Option<String>,
+    pub cluster_secret: Option<String>,
+    pub peers: Option<String>,
+}
+
+/// How this node takes part in a cluster (`None` in [`Config::cluster`]: a single-node hub).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterConfig {
+    pub listen: SocketAddr,
+    /// What peers dial to reach `listen`.
+    pub advertise: String,
+    pub secret: String,
+    /// Founding members (id → inter-node address), this node included.
+    pub peers: std::collections::BTreeMap<u64, String>,
 }
 
 /// The resolved configuration of a node.
@@ -82,6 +114,8 @@ pub struct Config {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub snapshot_every: u64,
+    pub node_id: u64,
+    pub cluster: Option<ClusterConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +168,36 @@ impl Config {
         if hostname.is_empty() || hostname.contains(['/', ';', ' ']) {
             return Err(ConfigError::Invalid { option: "hostname", value: hostname, expected: "host name" });
         }
+        let node_id = match args.node_id {
+            Some(n) => n,
+            None => env("TWINHUB_NODE_ID").map(|v| parse_u("TWINHUB_NODE_ID", v)).transpose()?.or(file.node_id).unwrap_or(1),
+        };
+        if node_id == 0 {
+            return Err(ConfigError::Invalid { option: "node-id", value: "0".into(), expected: "node id (≥ 1)" });
+        }
+        let cluster_listen = args.cluster_listen.or_else(|| env("TWINHUB_CLUSTER_LISTEN")).or(file.cluster_listen);
+        let cluster = match cluster_listen {
+            None => None,
+            Some(listen) => {
+                let listen = addr("cluster-listen", listen)?;
+                let advertise = args
+                    .cluster_advertise
+                    .or_else(|| env("TWINHUB_CLUSTER_ADVERTISE"))
+                    .or(file.cluster_advertise)
+                    .unwrap_or_else(|| listen.to_string());
+                let secret = args.cluster_secret.or_else(|| env("TWINHUB_CLUSTER_SECRET")).or(file.cluster_secret).unwrap_or_default();
+                if secret.len() < 16 {
+                    return Err(ConfigError::Invalid { option: "cluster-secret", value: "(hidden)".into(), expected: "secret of at least 16 characters (required with --cluster-listen)" });
+                }
+                let peers_text = args.peers.or_else(|| env("TWINHUB_PEERS")).or(file.peers).unwrap_or_default();
+                let mut peers = parse_peers(&peers_text)?;
+                peers.entry(node_id).or_insert_with(|| advertise.clone());
+                Some(ClusterConfig { listen, advertise, secret, peers })
+            }
+        };
         Ok(Config {
+            node_id,
+            cluster,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir).unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
             mqtt_listen: addr("mqtt-listen", mqtt)?,
@@ -148,6 +211,21 @@ impl Config {
             snapshot_every,
         })
     }
+}
+
+/// `ID=ADDR,ID=ADDR`: ids ≥ 1, no id twice.
+pub fn parse_peers(text: &str) -> Result<std::collections::BTreeMap<u64, String>, ConfigError> {
+    let mut peers = std::collections::BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = || ConfigError::Invalid { option: "peers", value: item.to_string(), expected: "ID=HOST:PORT list" };
+        let (id, a) = item.split_once('=').ok_or_else(bad)?;
+        let id: u64 = id.trim().parse().map_err(|_| bad())?;
+        let a = a.trim();
+        if id == 0 || a.is_empty() || !a.contains(':') || peers.insert(id, a.to_string()).is_some() {
+            return Err(bad());
+        }
+    }
+    Ok(peers)
 }
 
 fn addr(option: &'static str, value: String) -> Result<SocketAddr, ConfigError> {

@@ -1,6 +1,8 @@
-//! Command line: `twinhub serve`.
+//! Command line: `twinhub serve` and `twinhub cluster …`.
 
+pub mod cluster;
 pub mod config;
+mod https;
 
 use std::process::ExitCode;
 
@@ -19,6 +21,9 @@ struct Cli {
 enum Command {
     /// Run a node.
     Serve(ServeArgs),
+    /// Run a local cluster on this machine (loopback ports).
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
 }
 
 pub fn main() -> ExitCode {
@@ -34,6 +39,7 @@ pub fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Cluster(c) => cluster::run(c),
     }
 }
 

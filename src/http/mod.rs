@@ -5,6 +5,7 @@
 //! [`ApiError`], rendered in one place (`error.rs`).
 
 mod body;
+mod changes;
 pub mod error;
 mod metrics;
 mod registry;
@@ -69,6 +70,32 @@ pub fn ok_json(body: &serde_json::Value) -> Response {
     json_response(StatusCode::OK, body)
 }
 
+/// `GET /ready`: 200 once every shard of this node has a leader (the node has joined and can serve),
+/// 503 before. No authentication, like `/health`: probes and launchers poll it.
+async fn ready(axum::extract::State(state): axum::extract::State<Shared>) -> Response {
+    match &state.twins {
+        Some(t) if t.shards.ready() => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
+        _ => json_response(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "starting"})),
+    }
+}
+
+/// `GET /cluster/status`: this node's view of every shard (leader, term, indexes, voters, and on the
+/// leader each replica's lag). Needs a policy with RegistryRead; `twinhub cluster status` merges the
+/// answers of all nodes.
+async fn cluster_status(
+    axum::extract::State(state): axum::extract::State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers, "cluster/status", Permission::RegistryRead)?;
+    let twins = state.twins()?;
+    let body = serde_json::json!({
+        "node_id": twins.shards.node_id(),
+        "ready": twins.shards.ready(),
+        "shards": twins.shards.status(),
+    });
+    Ok(ok_json(&body))
+}
+
 pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/devices", get(registry::list_devices))
@@ -91,7 +118,10 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/statistics/devices", get(registry::device_stats))
         .route("/statistics/service", get(registry::service_stats))
+        .route("/twin-changes", get(changes::twin_changes))
         .route("/health", get(|| async { json_response(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
+        .route("/ready", get(ready))
+        .route("/cluster/status", get(cluster_status))
         .route("/metrics", get(metrics::metrics_route))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

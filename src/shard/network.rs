@@ -1,25 +1,38 @@
 //! Raft networking of the shard groups.
 //!
-//! Shaped for openraft-multi: one [`ShardRouter`] per node is shared by every group (so the cluster
-//! issue keeps one HTTP/2 connection per peer node, carrying the shard id with each RPC), and each
-//! group's [`NetworkFactory`] is a `GroupNetworkFactory` binding that router to its shard id. Groups are
-//! single-voter today, so the router knows no peer and every send returns `Unreachable`; plugging in
-//! the transport means giving `ShardRouter` a peer table and implementing these methods over it.
+//! Shaped for openraft-multi: one [`ShardRouter`] per node is shared by every group (so there is one
+//! HTTP/2 connection per peer node, carrying the shard id with each RPC), and each group's
+//! [`NetworkFactory`] is a `GroupNetworkFactory` binding that router to its shard id. The router sends
+//! over the node's [`Transport`]; `ShardRouter::default()` has none (single-voter groups), and every
+//! send is `Unreachable`.
+//!
+//! This is the one place where transport errors become openraft's: `Unreachable` when the peer is
+//! known not to serve (no address, connect refused, in backoff, shard not hosted there, group stopped),
+//! so openraft backs off; `Timeout` when the deadline passed; `Network` for the rest (a connection that
+//! broke mid-request, an undecodable answer), which openraft retries at once.
 
 use std::future::Future;
+use std::time::Duration;
 
-use openraft::error::{RPCError, ReplicationClosed, StreamingError, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse};
+use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
+use openraft::network::{RPCOption, RPCTypes, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
 use openraft::OptionalSend;
 use openraft_multi::{GroupNetworkAdapter, GroupNetworkFactory, GroupRouter};
 
 use super::types::{Node, Snapshot, SnapshotData, TypeConfig, Vote};
+use crate::cluster::transport::{Transport, TransportError};
 use crate::ids::{NodeId, ShardId};
 
 /// The node's outgoing Raft transport, shared by all shard groups.
 #[derive(Clone, Debug, Default)]
-pub struct ShardRouter {}
+pub struct ShardRouter {
+    /// `None` for single-voter groups: there is nobody to talk to.
+    transport: Option<Transport>,
+}
 
 /// Why a send failed: there is no transport to that node (yet).
 #[derive(Debug, thiserror::Error)]
@@ -30,9 +43,36 @@ pub struct NoRoute {
 }
 
 impl ShardRouter {
-    fn unreachable(&self, node: NodeId, shard: ShardId) -> Unreachable<TypeConfig> {
-        Unreachable::new(&NoRoute { node, shard })
+    /// A router sending over `transport`.
+    pub fn new(transport: Transport) -> ShardRouter {
+        ShardRouter { transport: Some(transport) }
     }
+
+    pub fn transport(&self) -> Option<&Transport> {
+        self.transport.as_ref()
+    }
+
+    fn transport_to(&self, node: NodeId, shard: ShardId) -> Result<&Transport, Unreachable<TypeConfig>> {
+        self.transport.as_ref().ok_or_else(|| Unreachable::new(&NoRoute { node, shard }))
+    }
+
+    /// Maps a transport error to openraft's retry classes (see the module doc).
+    fn rpc_error(&self, target: NodeId, action: RPCTypes, e: TransportError) -> RPCError<TypeConfig> {
+        if let Some(timeout) = e.timeout() {
+            let id = self.transport.as_ref().map_or(0, Transport::node_id);
+            RPCError::Timeout(Timeout { action, id, target, timeout })
+        } else if e.is_unreachable() {
+            RPCError::Unreachable(Unreachable::new(&e))
+        } else {
+            RPCError::Network(NetworkError::new(&e))
+        }
+    }
+}
+
+/// The transport deadline of an openraft RPC: the soft TTL, so the transport reports `Timeout` before
+/// openraft abandons the call at the hard TTL.
+fn deadline(option: &RPCOption) -> Duration {
+    option.soft_ttl()
 }
 
 impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
@@ -42,42 +82,68 @@ impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
         &self,
         target: NodeId,
         shard: ShardId,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        Err(RPCError::Unreachable(self.unreachable(target, shard)))
+        let t = self.transport_to(target, shard)?;
+        t.append_entries(target, shard, rpc, deadline(&option))
+            .await
+            .map_err(|e| self.rpc_error(target, RPCTypes::AppendEntries, e))
     }
 
     async fn vote(
         &self,
         target: NodeId,
         shard: ShardId,
-        _rpc: VoteRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        Err(RPCError::Unreachable(self.unreachable(target, shard)))
+        let t = self.transport_to(target, shard)?;
+        t.vote(target, shard, rpc, deadline(&option)).await.map_err(|e| self.rpc_error(target, RPCTypes::Vote, e))
     }
 
     async fn pre_vote(
         &self,
         target: NodeId,
         shard: ShardId,
-        _rpc: VoteRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        Err(RPCError::Unreachable(self.unreachable(target, shard)))
+        let t = self.transport_to(target, shard)?;
+        t.pre_vote(target, shard, rpc, deadline(&option)).await.map_err(|e| self.rpc_error(target, RPCTypes::Vote, e))
     }
 
+    /// Sends the whole snapshot in one request; gives up as soon as `cancel` fires (replication to the
+    /// target closed, e.g. leadership lost), dropping the in-flight request.
     async fn full_snapshot(
         &self,
         target: NodeId,
         shard: ShardId,
-        _vote: Vote,
-        _snapshot: Snapshot,
-        _cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
-        _option: RPCOption,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        Err(StreamingError::Unreachable(self.unreachable(target, shard)))
+        let t = self.transport_to(target, shard)?;
+        tokio::select! {
+            res = t.full_snapshot(target, shard, vote, snapshot, deadline(&option)) => {
+                res.map_err(|e| self.rpc_error(target, RPCTypes::InstallSnapshot, e).into())
+            }
+            closed = cancel => Err(StreamingError::Closed(closed)),
+        }
+    }
+
+    async fn transfer_leader(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let t = self.transport_to(target, shard)?;
+        t.transfer_leader(target, shard, req, deadline(&option))
+            .await
+            .map_err(|e| self.rpc_error(target, RPCTypes::TransferLeader, e))
     }
 }
 
@@ -90,7 +156,12 @@ pub type Network = GroupNetworkAdapter<TypeConfig, ShardId, ShardRouter>;
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
 
-    async fn new_client(&mut self, target: NodeId, _node: &Node) -> Self::Network {
+    /// Also where the router learns peer addresses: membership records each node's address, and
+    /// openraft calls this for every target it is about to talk to.
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        if let Some(t) = &self.factory.transport {
+            t.peers().learn(target, &node.addr);
+        }
         GroupNetworkAdapter::new(self.factory.clone(), target, self.group_id)
     }
 }

@@ -1,0 +1,460 @@
+//! `twinhub cluster up|down|status`: run a cluster of local nodes on this machine (loopback ports), for
+//! development, tests, benches and the chaos suite.
+//!
+//! `up` prepares what the nodes must share before any of them starts — the cluster secret, the policy
+//! keys (`policies.json`) and one certificate every node serves (so clients trust a single CA) — writes
+//! a config file per node, starts each node in its own process group (they outlive this command), waits
+//! until every node answers, and records everything in `DIR/cluster.json`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{generate_key, write_atomically, Policies};
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Start N local nodes in the background and wait until the cluster is ready.
+    Up(UpArgs),
+    /// Stop the nodes of a local cluster.
+    Down(DirArgs),
+    /// Nodes, and for every shard its leader, replicas, term and replica lag.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Number of nodes (≥ 1; 3 or more for a replicated cluster).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: u32,
+    /// Directory for the cluster's node data, configs, logs and cluster.json.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Shards of the cluster.
+    #[arg(long, default_value_t = 16)]
+    pub shard_count: u32,
+    /// The twinhub binary the nodes run [default: this executable].
+    #[arg(long)]
+    pub bin: Option<PathBuf>,
+    /// How long to wait for the cluster to become ready, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct DirArgs {
+    #[arg(long)]
+    pub dir: PathBuf,
+}
+
+/// `DIR/cluster.json`: what scripts need to talk to the cluster.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ClusterFile {
+    pub owner_key: String,
+    /// PEM of the CA every node's certificate chains to.
+    pub ca: PathBuf,
+    pub hostname: String,
+    pub shard_count: u32,
+    pub nodes: Vec<NodeEntry>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct NodeEntry {
+    pub id: u64,
+    pub pid: u32,
+    /// HTTPS API address.
+    pub http: SocketAddr,
+    /// MQTT over TLS.
+    pub mqtt: SocketAddr,
+    /// Plain-TCP MQTT (development).
+    pub mqtt_plain: SocketAddr,
+    pub events: SocketAddr,
+    /// Inter-node address.
+    pub cluster: SocketAddr,
+    pub data_dir: PathBuf,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    /// The node's service connection string.
+    pub connection_string: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("{0}")]
+    Usage(String),
+    #[error("node {id} exited before it was ready (see {log})")]
+    Exited { id: u64, log: String },
+    #[error("the cluster was not ready within {0} s (logs under the cluster directory)")]
+    Timeout(u64),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Policies(#[from] crate::auth::PolicyFileError),
+    #[error(transparent)]
+    Https(#[from] super::https::HttpsError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LauncherError {
+    let what = what.into();
+    move |source| LauncherError::Io { what, source }
+}
+
+pub fn run(cmd: ClusterCommand) -> ExitCode {
+    let result = match cmd {
+        ClusterCommand::Up(a) => up(a),
+        ClusterCommand::Down(a) => down(&a.dir),
+        ClusterCommand::Status(a) => status(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("twinhub cluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Free loopback ports, all distinct: the listeners are held until every port is chosen.
+fn free_ports(n: usize) -> Result<Vec<u16>, LauncherError> {
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(io("choosing a free port"))?;
+        held.push(l);
+    }
+    held.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(io("choosing a free port"))).collect()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped) still has a /proc entry: look at its state.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')).unwrap_or(false),
+        Err(_) => false,
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).stderr(Stdio::null()).status();
+}
+
+pub fn read_cluster_file(dir: &Path) -> Result<ClusterFile, LauncherError> {
+    let path = dir.join("cluster.json");
+    let text = std::fs::read_to_string(&path).map_err(io(format!("reading {}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| LauncherError::Usage(format!("{}: {e}", path.display())))
+}
+
+fn up(a: UpArgs) -> Result<(), LauncherError> {
+    if a.nodes == 0 {
+        return Err(LauncherError::Usage("--nodes must be at least 1".into()));
+    }
+    if let Ok(existing) = read_cluster_file(&a.dir) {
+        if existing.nodes.iter().any(|n| pid_alive(n.pid)) {
+            return Err(LauncherError::Usage(format!(
+                "a cluster is already running from {} (twinhub cluster down --dir {} first)",
+                a.dir.display(),
+                a.dir.display()
+            )));
+        }
+    }
+    std::fs::create_dir_all(&a.dir).map_err(io(format!("creating {}", a.dir.display())))?;
+    let dir = a.dir.canonicalize().map_err(io(format!("resolving {}", a.dir.display())))?;
+    let bin = match a.bin {
+        Some(b) => b,
+        None => std::env::current_exe().map_err(io("locating the twinhub binary"))?,
+    };
+    let hostname = "localhost".to_string();
+
+    // What every node shares.
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).map_err(io(format!("creating {}", shared.display())))?;
+    let certs = crate::tls::ensure_dev_certs(&shared.join("tls"), &hostname)?;
+    let policies = Policies::load_or_create(&shared, None)?;
+    let owner_key = policies.owner_key().to_string();
+    let policies_json = std::fs::read(shared.join("policies.json")).map_err(io("reading the shared policies"))?;
+    let secret = generate_key();
+
+    let ids: Vec<u64> = (1..=u64::from(a.nodes)).collect();
+    let ports = free_ports(ids.len() * 5)?;
+    let addr = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+    let mut peers = BTreeMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        peers.insert(*id, addr(ports[i * 5 + 4]).to_string());
+    }
+    let peers_text = peers.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",");
+
+    let mut nodes = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let node_dir = dir.join(format!("node-{id}"));
+        let data_dir = node_dir.join("data");
+        std::fs::create_dir_all(&data_dir).map_err(io(format!("creating {}", data_dir.display())))?;
+        if !data_dir.join("policies.json").exists() {
+            write_atomically(&data_dir.join("policies.json"), &policies_json).map_err(io("writing policies.json"))?;
+        }
+        let p = &ports[i * 5..i * 5 + 5];
+        let entry = NodeEntry {
+            id: *id,
+            pid: 0,
+            http: addr(p[0]),
+            mqtt: addr(p[1]),
+            mqtt_plain: addr(p[2]),
+            events: addr(p[3]),
+            cluster: addr(p[4]),
+            data_dir: data_dir.clone(),
+            config: node_dir.join("twinhub.toml"),
+            log: node_dir.join("twinhub.log"),
+            connection_string: String::new(),
+        };
+        let toml = format!(
+            "# twinhub node {id} of a local cluster (written by `twinhub cluster up`)\n\
+             node_id = {id}\n\
+             data_dir = {data:?}\n\
+             hostname = {hostname:?}\n\
+             http_listen = \"{http}\"\n\
+             mqtt_listen = \"{mqtt}\"\n\
+             mqtt_plain_listen = \"{plain}\"\n\
+             events_listen = \"{events}\"\n\
+             shard_count = {shards}\n\
+             tls_cert = {cert:?}\n\
+             tls_key = {key:?}\n{cluster}",
+            data = data_dir.display().to_string(),
+            http = entry.http,
+            mqtt = entry.mqtt,
+            plain = entry.mqtt_plain,
+            events = entry.events,
+            shards = a.shard_count,
+            cert = certs.server_cert.display().to_string(),
+            key = certs.server_key.display().to_string(),
+            cluster = if ids.len() > 1 {
+                format!(
+                    "cluster_listen = \"{}\"\ncluster_secret = \"{secret}\"\npeers = \"{peers_text}\"\n",
+                    entry.cluster
+                )
+            } else {
+                String::new()
+            },
+        );
+        write_atomically(&entry.config, toml.as_bytes()).map_err(io(format!("writing {}", entry.config.display())))?;
+        nodes.push(entry);
+    }
+
+    for n in nodes.iter_mut() {
+        let out = std::fs::File::create(n.log.with_extension("stdout")).map_err(io("creating the node's stdout file"))?;
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&n.log)
+            .map_err(io(format!("opening {}", n.log.display())))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("serve").arg("--config").arg(&n.config).stdin(Stdio::null()).stdout(out).stderr(err);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("TWINHUB_") {
+                cmd.env_remove(&k);
+            }
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd.spawn().map_err(io(format!("starting {}", bin.display())))?;
+        n.pid = child.id();
+        eprintln!("node {}: pid {} http {} mqtt {} cluster {}", n.id, n.pid, n.http, n.mqtt, n.cluster);
+    }
+
+    let file = |nodes: &Vec<NodeEntry>| ClusterFile {
+        owner_key: owner_key.clone(),
+        ca: certs.ca_cert.clone(),
+        hostname: hostname.clone(),
+        shard_count: a.shard_count,
+        nodes: nodes.clone(),
+    };
+    // Written before waiting, so `down` can stop a cluster that never became ready.
+    let json = serde_json::to_vec_pretty(&file(&nodes)).unwrap_or_default();
+    write_atomically(&dir.join("cluster.json"), &json).map_err(io("writing cluster.json"))?;
+
+    let tls = super::https::client_config(&certs.ca_cert)?;
+    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        let mut ready = 0;
+        for n in nodes.iter_mut() {
+            if n.connection_string.is_empty() {
+                let out = std::fs::read_to_string(n.log.with_extension("stdout")).unwrap_or_default();
+                if let Some(line) = out.lines().find(|l| l.starts_with("HostName=")) {
+                    n.connection_string = line.trim().to_string();
+                }
+            }
+            if !n.connection_string.is_empty() && node_ready(&tls, n) {
+                ready += 1;
+            } else if !pid_alive(n.pid) {
+                return Err(LauncherError::Exited { id: n.id, log: n.log.display().to_string() });
+            }
+        }
+        if ready == nodes.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(LauncherError::Timeout(a.timeout));
+        }
+        if last_report.elapsed() > Duration::from_secs(5) {
+            eprintln!("waiting for the cluster: {ready}/{} nodes ready after {:.0?}", nodes.len(), started.elapsed());
+            last_report = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let json = serde_json::to_vec_pretty(&file(&nodes)).unwrap_or_default();
+    write_atomically(&dir.join("cluster.json"), &json).map_err(io("writing cluster.json"))?;
+    let mut out = std::io::stdout().lock();
+    for n in &nodes {
+        let _ = writeln!(out, "node {}: {}", n.id, n.connection_string);
+    }
+    let _ = writeln!(out, "CA: {}", certs.ca_cert.display());
+    let _ = writeln!(out, "cluster file: {}", dir.join("cluster.json").display());
+    eprintln!("cluster of {} node(s) ready in {:.1?}", nodes.len(), started.elapsed());
+    Ok(())
+}
+
+fn down(dir: &Path) -> Result<(), LauncherError> {
+    let file = read_cluster_file(dir)?;
+    let alive: Vec<&NodeEntry> = file.nodes.iter().filter(|n| n.pid != 0 && pid_alive(n.pid)).collect();
+    for n in &alive {
+        signal(n.pid, "TERM");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive.iter().any(|n| pid_alive(n.pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for n in alive.iter().filter(|n| pid_alive(n.pid)) {
+        eprintln!("node {} (pid {}) did not stop within 30 s: SIGKILL", n.id, n.pid);
+        signal(n.pid, "KILL");
+    }
+    eprintln!("stopped {} node(s)", alive.len());
+    Ok(())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, LauncherError> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(io("starting a runtime"))
+}
+
+/// `GET /ready` answers 200: every shard of the node has a leader.
+fn node_ready(tls: &std::sync::Arc<rustls::ClientConfig>, n: &NodeEntry) -> bool {
+    let Ok(rt) = runtime() else { return false };
+    let r = rt.block_on(super::https::get(tls.clone(), n.http, "localhost", "/ready", None, Duration::from_secs(2)));
+    matches!(r, Ok((200, _)))
+}
+
+/// A service token for the owner policy, as `azure-iot-hub` builds it.
+fn owner_token(host: &str, key: &str) -> String {
+    let sr: String = url_encode(host);
+    let se = crate::model::now_ms() / 1000 + 300;
+    let sig = crate::auth::sign(key, &sr, se).unwrap_or_default();
+    let sig = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, sig);
+    format!("SharedAccessSignature sr={sr}&sig={}&se={se}&skn={}", url_encode(&sig), crate::auth::OWNER)
+}
+
+fn url_encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn status(a: &StatusArgs) -> Result<(), LauncherError> {
+    let file = read_cluster_file(&a.dir)?;
+    let tls = super::https::client_config(&file.ca)?;
+    let rt = runtime()?;
+    let mut nodes = Vec::new();
+    let mut views = Vec::new();
+    for n in &file.nodes {
+        let host = format!("{}:{}", file.hostname, n.http.port());
+        let token = owner_token(&host, &file.owner_key);
+        let r = rt.block_on(super::https::get(
+            tls.clone(),
+            n.http,
+            &file.hostname,
+            "/cluster/status",
+            Some(&token),
+            Duration::from_secs(3),
+        ));
+        let (up, ready, view) = match r {
+            Ok((200, body)) => {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                (true, v["ready"].as_bool().unwrap_or(false), Some(v))
+            }
+            Ok((code, body)) => {
+                eprintln!("node {}: /cluster/status answered {code}: {}", n.id, String::from_utf8_lossy(&body));
+                (true, false, None)
+            }
+            Err(e) => {
+                eprintln!("node {}: {e}", n.id);
+                (false, false, None)
+            }
+        };
+        nodes.push(serde_json::json!({"id": n.id, "pid": n.pid, "alive": pid_alive(n.pid), "reachable": up, "ready": ready, "http": n.http, "mqtt": n.mqtt}));
+        if let Some(v) = view {
+            views.push(v);
+        }
+    }
+    // A shard's truth comes from the replica that leads it (its lag map is only known there); any
+    // replica's view stands in when no leader answered.
+    let mut shards = Vec::new();
+    for s in 0..file.shard_count {
+        let of = |v: &serde_json::Value| v["shards"].as_array().and_then(|a| a.iter().find(|x| x["shard"] == s)).cloned();
+        let leader_view = views.iter().filter_map(of).find(|x| x["is_leader"] == true);
+        let any = views.iter().filter_map(of).next();
+        let Some(v) = leader_view.clone().or(any) else { continue };
+        shards.push(serde_json::json!({
+            "shard": s,
+            "leader": v["leader"],
+            "term": v["term"],
+            "replicas": v["voters"],
+            "learners": v["learners"],
+            "commit_index": v["committed"],
+            "lag": if leader_view.is_some() { v["lag"].clone() } else { serde_json::Value::Null },
+        }));
+    }
+    let report = serde_json::json!({"nodes": nodes, "shards": shards});
+    // Written with writeln! and errors ignored: piping into `head` must not panic.
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+        return Ok(());
+    }
+    let t = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} http", "node", "pid", "alive", "reachable", "ready");
+    for n in &nodes {
+        let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} {}", t(&n["id"]), t(&n["pid"]), t(&n["alive"]), t(&n["reachable"]), t(&n["ready"]), t(&n["http"]));
+    }
+    let _ = writeln!(out, "\n{:<6} {:<7} {:<6} {:<14} {:<10} lag", "shard", "leader", "term", "replicas", "commit");
+    for s in &shards {
+        let _ = writeln!(
+            out,
+            "{:<6} {:<7} {:<6} {:<14} {:<10} {}",
+            t(&s["shard"]),
+            t(&s["leader"]),
+            t(&s["term"]),
+            t(&s["replicas"]),
+            t(&s["commit_index"]),
+            t(&s["lag"])
+        );
+    }
+    Ok(())
+}

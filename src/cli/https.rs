@@ -1,0 +1,75 @@
+//! A small HTTPS GET for the `cluster` commands: they run outside the server, trust only the cluster's
+//! CA, and need no HTTP client crate beyond hyper, which the server already links.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use rustls::pki_types::ServerName;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpsError {
+    #[error("{0}")]
+    Tls(String),
+    #[error("connecting to {addr}: {msg}")]
+    Connect { addr: String, msg: String },
+    #[error("{addr}: {msg}")]
+    Http { addr: String, msg: String },
+    #[error("{0}: timed out")]
+    Timeout(String),
+}
+
+/// Trust anchor for every request of one command run.
+pub fn client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>, HttpsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in crate::tls::load_certs(ca).map_err(|e| HttpsError::Tls(e.to_string()))? {
+        roots.add(c).map_err(|e| HttpsError::Tls(format!("{}: {e}", ca.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| HttpsError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// GET `https://{host}:{port}{path}` (connecting to `addr`), with an optional Authorization header.
+/// Returns the status and body.
+pub async fn get(
+    tls: Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    host: &str,
+    path: &str,
+    authorization: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), HttpsError> {
+    let shown = addr.to_string();
+    let work = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| HttpsError::Connect { addr: shown.clone(), msg: e.to_string() })?;
+        let name = ServerName::try_from(host.to_string()).map_err(|e| HttpsError::Tls(e.to_string()))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|e| HttpsError::Connect { addr: shown.clone(), msg: e.to_string() })?;
+        let http = |msg: String| HttpsError::Http { addr: shown.clone(), msg };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| http(e.to_string()))?;
+        tokio::spawn(conn);
+        let mut req = hyper::Request::get(path).header(hyper::header::HOST, format!("{host}:{}", addr.port()));
+        if let Some(a) = authorization {
+            req = req.header(hyper::header::AUTHORIZATION, a);
+        }
+        let req = req.body(Empty::<Bytes>::new()).map_err(|e| http(e.to_string()))?;
+        let resp = sender.send_request(req).await.map_err(|e| http(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.map_err(|e| http(e.to_string()))?.to_bytes().to_vec();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| HttpsError::Timeout(addr.to_string()))?
+}

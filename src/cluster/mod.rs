@@ -1,0 +1,8 @@
+//! The cluster layer: where shards live and how nodes talk.
+//!
+//! - [`placement`]: which nodes hold each shard's replicas, and balanced rebalance plans (pure).
+//! - [`transport`]: one authenticated HTTP/2 connection per peer carrying every shard group's Raft
+//!   RPCs and generic calls (request forwarding); the server side dispatches to local groups.
+
+pub mod placement;
+pub mod transport;

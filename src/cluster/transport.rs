@@ -1,0 +1,367 @@
+//! Node-to-node transport: Raft RPCs of every shard group, and generic calls (request forwarding),
+//! over one multiplexed HTTP/2 connection per peer.
+//!
+//! - [`Transport`]: the client side and the node's registries; `ShardRouter` (in `shard::network`)
+//!   sends openraft's RPCs through it, tagged with the shard id.
+//! - [`server`]: [`RaftRpcService`] dispatches to the local group of a shard ([`LocalGroups`]) or to a
+//!   registered call handler ([`CallHandlers`]); [`serve`] runs it on a bound listener.
+//! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
+//! - [`wire`]: endpoints (`POST /cluster/v1/raft/{append|vote|prevote|snapshot|transfer-leader}`,
+//!   `POST /cluster/v1/call/{name}`) and postcard envelopes.
+//! - [`auth`]: request and response signatures.
+//!
+//! # Deadlines
+//! Every request has one: openraft's `RPCOption::soft_ttl()` for Raft RPCs (openraft asks transports
+//! to time out at the soft TTL so they report `Timeout` before it abandons the call at the hard one),
+//! [`TransportConfig::call_timeout`] or the caller's for calls. A connect counts against the deadline
+//! too, and a peer whose connects fail is put in exponential backoff: requests to it fail at once
+//! (`Unreachable` for openraft) until the backoff ends, instead of each waiting for a timeout.
+//!
+//! # Authentication, and what it does not do
+//! Members share a cluster secret. Every request and every response carries the sender's node id, a
+//! timestamp and an HMAC-SHA256 over both, the path and the body's SHA-256 (see [`auth`]). A
+//! receiver refuses (401) a missing or invalid signature or a timestamp more than 60 s from its clock
+//! before reading or decoding anything; a client refuses an answer not signed by the node it asked.
+//! This gives **authenticity and integrity between members**: nobody without the secret can make a
+//! node vote, append, install a snapshot or run a call, or alter or forge a message or an answer.
+//! It gives **no confidentiality**: bodies (twin documents, device keys in registry commands) travel
+//! in clear, so inter-node traffic belongs on a private network until the TLS option exists. A
+//! captured message can be replayed for up to 60 s; Raft tolerates duplicated messages by design and
+//! forwarded writes carry request ids that apply deduplicates, so a replay changes nothing.
+
+pub mod auth;
+pub mod error;
+pub mod peers;
+pub mod server;
+pub mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode, Uri};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use auth::ClusterSecret;
+pub use error::TransportError;
+pub use peers::PeerTable;
+pub use server::{serve, CallError, CallHandlers, LocalGroups, RaftRpcService};
+pub use wire::{Endpoint, RaftKind, RpcFailure};
+
+use crate::ids::{NodeId, ShardId};
+use crate::shard::types::{Snapshot, TypeConfig, Vote};
+use auth::{unix_ms, Claim};
+use wire::{ShardRequest, SnapshotHead};
+
+/// Largest body accepted per endpoint. A snapshot is the whole state of a shard in one request; the
+/// others are bounded far lower so a bad peer cannot make a node buffer 64 MiB per stream.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    /// Vote, pre-vote, transfer-leader: a few hundred bytes.
+    pub small: usize,
+    /// AppendEntries: a batch of log entries (openraft sends at most `max_payload_entries`).
+    pub append: usize,
+    pub snapshot: usize,
+    pub call: usize,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits { small: 64 << 10, append: 32 << 20, snapshot: 64 << 20, call: 8 << 20 }
+    }
+}
+
+impl BodyLimits {
+    pub fn for_endpoint(&self, endpoint: &Endpoint) -> usize {
+        match endpoint {
+            Endpoint::Raft(RaftKind::Append) => self.append,
+            Endpoint::Raft(RaftKind::Snapshot) => self.snapshot,
+            Endpoint::Raft(_) => self.small,
+            Endpoint::Call(_) => self.call,
+        }
+    }
+}
+
+/// How a node talks to the others. [`TransportConfig::new`] has defaults for a LAN.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    pub node_id: NodeId,
+    pub secret: ClusterSecret,
+    /// Deadline of a call when the caller gives none.
+    pub call_timeout: Duration,
+    /// Upper bound of one connect (TCP + HTTP/2 handshake); the request deadline may cut it shorter.
+    pub connect_timeout: Duration,
+    /// First backoff after a failed connect; doubles per further failure up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest backoff: how stale our view of a recovered peer can get.
+    pub backoff_max: Duration,
+    /// HTTP/2 PING interval and timeout: detects a peer that vanished without closing (power loss).
+    pub keepalive: Duration,
+    /// A sender that does not deliver its body in this time is dropped (server side).
+    pub body_read_timeout: Duration,
+    pub limits: BodyLimits,
+    /// HTTP/2 flow-control windows: large, so a snapshot streams at link speed rather than 64 KiB per
+    /// round trip.
+    pub h2_stream_window: u32,
+    pub h2_connection_window: u32,
+    pub h2_max_frame: u32,
+    /// Concurrent requests per connection (server side): every group's RPCs to one node share it.
+    pub h2_max_concurrent_streams: u32,
+}
+
+impl TransportConfig {
+    pub fn new(node_id: NodeId, secret: ClusterSecret) -> TransportConfig {
+        TransportConfig {
+            node_id,
+            secret,
+            call_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            keepalive: Duration::from_secs(5),
+            body_read_timeout: Duration::from_secs(30),
+            limits: BodyLimits::default(),
+            h2_stream_window: 4 << 20,
+            h2_connection_window: 16 << 20,
+            h2_max_frame: 256 << 10,
+            h2_max_concurrent_streams: 1024,
+        }
+    }
+}
+
+/// A node's transport: the client to every peer, plus the registries its server dispatches to.
+/// Cheap to clone (one `Arc`); every shard group shares one.
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: TransportConfig,
+    peers: PeerTable,
+    groups: LocalGroups,
+    handlers: CallHandlers,
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transport").field("node_id", &self.inner.config.node_id).finish_non_exhaustive()
+    }
+}
+
+impl Transport {
+    pub fn new(config: TransportConfig) -> Transport {
+        let inner = Inner {
+            config,
+            peers: PeerTable::default(),
+            groups: LocalGroups::default(),
+            handlers: CallHandlers::default(),
+        };
+        Transport { inner: Arc::new(inner) }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.config.node_id
+    }
+
+    pub fn config(&self) -> &TransportConfig {
+        &self.inner.config
+    }
+
+    /// Where the other nodes are. Raft memberships fill it as openraft creates clients; add seeds
+    /// (or nodes about to join) with [`PeerTable::set`].
+    pub fn peers(&self) -> &PeerTable {
+        &self.inner.peers
+    }
+
+    /// The Raft groups this node hosts; register each shard group once it is built.
+    pub fn groups(&self) -> &LocalGroups {
+        &self.inner.groups
+    }
+
+    /// Handlers of generic calls.
+    pub fn handlers(&self) -> &CallHandlers {
+        &self.inner.handlers
+    }
+
+    /// The server side, dispatching to this transport's registries; run it with [`serve`].
+    pub fn service(&self) -> RaftRpcService {
+        RaftRpcService::new(self.inner.config.clone(), self.inner.groups.clone(), self.inner.handlers.clone())
+    }
+
+    pub async fn append_entries(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, TransportError> {
+        self.raft(target, RaftKind::Append, &ShardRequest { shard, rpc }, deadline).await
+    }
+
+    pub async fn vote(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        rpc: VoteRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> Result<VoteResponse<TypeConfig>, TransportError> {
+        self.raft(target, RaftKind::Vote, &ShardRequest { shard, rpc }, deadline).await
+    }
+
+    pub async fn pre_vote(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        rpc: VoteRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> Result<VoteResponse<TypeConfig>, TransportError> {
+        self.raft(target, RaftKind::PreVote, &ShardRequest { shard, rpc }, deadline).await
+    }
+
+    pub async fn transfer_leader(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, TransportError> {
+        self.raft(target, RaftKind::TransferLeader, &ShardRequest { shard, rpc }, deadline).await
+    }
+
+    /// Sends a whole snapshot in one request.
+    pub async fn full_snapshot(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        vote: Vote,
+        snapshot: Snapshot,
+        deadline: Duration,
+    ) -> Result<SnapshotResponse<TypeConfig>, TransportError> {
+        let head = SnapshotHead { shard, vote, meta: snapshot.meta };
+        let body = wire::encode_snapshot(&head, &snapshot.snapshot).map_err(TransportError::Encode)?;
+        drop(snapshot.snapshot);
+        let answer = self.send(target, &Endpoint::Raft(RaftKind::Snapshot), body.into(), deadline).await?;
+        decode_answer(target, &answer)
+    }
+
+    /// Calls the handler registered under `name` on `target`: bytes in, bytes out. `deadline`
+    /// defaults to [`TransportConfig::call_timeout`].
+    pub async fn call(
+        &self,
+        target: NodeId,
+        name: &str,
+        body: Bytes,
+        deadline: Option<Duration>,
+    ) -> Result<Bytes, TransportError> {
+        if !wire::valid_call_name(name) {
+            return Err(TransportError::InvalidName(name.to_string()));
+        }
+        let deadline = deadline.unwrap_or(self.inner.config.call_timeout);
+        self.send(target, &Endpoint::Call(name.to_string()), body, deadline).await
+    }
+
+    async fn raft<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        target: NodeId,
+        kind: RaftKind,
+        req: &Req,
+        deadline: Duration,
+    ) -> Result<Resp, TransportError> {
+        let body = wire::encode(req).map_err(TransportError::Encode)?;
+        let answer = self.send(target, &Endpoint::Raft(kind), body.into(), deadline).await?;
+        decode_answer(target, &answer)
+    }
+
+    /// One request under a deadline, with metrics.
+    async fn send(
+        &self,
+        target: NodeId,
+        endpoint: &Endpoint,
+        body: Bytes,
+        deadline: Duration,
+    ) -> Result<Bytes, TransportError> {
+        let start = Instant::now();
+        let kind = endpoint.label();
+        let peer = target.to_string();
+        metrics::counter!("twinhub_rpc_requests_total", "kind" => kind, "peer" => peer.clone()).increment(1);
+        let result = match tokio::time::timeout(deadline, self.exchange(target, endpoint, body)).await {
+            Ok(r) => r,
+            Err(_) => Err(TransportError::Timeout { node: target, after: deadline }),
+        };
+        metrics::histogram!("twinhub_rpc_latency_seconds", "kind" => kind, "peer" => peer.clone())
+            .record(start.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            metrics::counter!("twinhub_rpc_errors_total", "kind" => kind, "peer" => peer, "error" => e.label())
+                .increment(1);
+            tracing::debug!(target, kind, "cluster request failed: {e}");
+        }
+        result
+    }
+
+    async fn exchange(&self, target: NodeId, endpoint: &Endpoint, body: Bytes) -> Result<Bytes, TransportError> {
+        let peer = self.inner.peers.get(target).ok_or(TransportError::UnknownPeer(target))?;
+        let mut conn = peer.conn(&self.inner.config).await?;
+        let path = endpoint.path();
+        let config = &self.inner.config;
+
+        let uri: Uri = format!("http://{}{}", peer.addr, path).parse().map_err(|e| TransportError::Connect {
+            node: target,
+            addr: peer.addr.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        })?;
+        let mut req = Request::new(Full::new(body.clone()));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = uri;
+        config.secret.sign_headers(req.headers_mut(), config.node_id, &path, &body);
+        req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
+
+        let resp = match conn.sender.send_request(req).await {
+            Ok(r) => r,
+            Err(source) => {
+                peer.broken(conn.generation);
+                return Err(TransportError::Http { node: target, source });
+            }
+        };
+        let (parts, incoming) = resp.into_parts();
+        let limit = config.limits.for_endpoint(endpoint);
+        let answer = match Limited::new(incoming, limit).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) => return Err(TransportError::Decode { node: target, msg: format!("reading the answer: {e}") }),
+        };
+        // A 401 is reported as such even when unsigned (a peer with another secret signs with it): a
+        // forged one can only fail a request, which anyone on the path can do anyway, and "check the
+        // cluster secret" is the diagnosis that matters.
+        if parts.status == StatusCode::UNAUTHORIZED {
+            return Err(TransportError::Remote { node: target, failure: RpcFailure::Unauthorized });
+        }
+        let claim = Claim::from_headers(&parts.headers, unix_ms())
+            .map_err(|source| TransportError::ResponseAuth { node: target, source })?;
+        if claim.node != target {
+            let source = auth::AuthError::WrongNode { got: claim.node, want: target };
+            return Err(TransportError::ResponseAuth { node: target, source });
+        }
+        claim
+            .verify(&config.secret, &path, &answer)
+            .map_err(|source| TransportError::ResponseAuth { node: target, source })?;
+        if parts.status != StatusCode::OK {
+            return Err(TransportError::Remote { node: target, failure: RpcFailure::from_body(parts.status, &answer) });
+        }
+        Ok(answer)
+    }
+}
+
+fn decode_answer<T: DeserializeOwned>(node: NodeId, answer: &[u8]) -> Result<T, TransportError> {
+    wire::decode(answer).map_err(|e| TransportError::Decode { node, msg: e.to_string() })
+}

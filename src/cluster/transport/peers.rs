@@ -1,0 +1,282 @@
+//! The peer table (node id → address) and the one HTTP/2 connection per peer.
+//!
+//! A connection is opened on first use and shared by every request to that node (HTTP/2 multiplexes
+//! them), whatever the shard. When a connect fails the peer enters exponential backoff: until it ends,
+//! requests fail at once with [`TransportError::Backoff`] instead of each waiting for a connect timeout
+//! (with tens of shards, every group would otherwise block on the same dead node). A connection that
+//! closes (the peer restarted, GOAWAY, keep-alive timeout) is replaced on the next request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
+use http_body_util::Full;
+use hyper::client::conn::http2::{self, SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::error::TransportError;
+use super::TransportConfig;
+use crate::ids::NodeId;
+
+/// Addresses of the other nodes, updated at runtime as memberships name them.
+#[derive(Default)]
+pub struct PeerTable {
+    peers: RwLock<HashMap<NodeId, Arc<Peer>>>,
+}
+
+impl PeerTable {
+    /// Sets a node's address. A changed address drops the old connection and backoff (a node that
+    /// moved is not the dead one we backed off from). Returns whether anything changed.
+    pub fn set(&self, node: NodeId, addr: impl Into<String>) -> bool {
+        let addr = addr.into();
+        let mut peers = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        if peers.get(&node).is_some_and(|p| p.addr == addr) {
+            return false;
+        }
+        tracing::info!(node, %addr, "cluster peer address set");
+        peers.insert(node, Arc::new(Peer::new(node, addr)));
+        true
+    }
+
+    /// Learns an address from a Raft membership entry. Called for every new network client openraft
+    /// makes (on each heartbeat round), so the common case is a read lock and a string compare. An
+    /// empty address (a single-voter group's `Node::default()`) says nothing and is ignored.
+    pub fn learn(&self, node: NodeId, addr: &str) {
+        if addr.is_empty() {
+            return;
+        }
+        let known = self.peers.read().unwrap_or_else(|e| e.into_inner()).get(&node).is_some_and(|p| p.addr == addr);
+        if !known {
+            self.set(node, addr);
+        }
+    }
+
+    /// Forgets a node (removed from the cluster); its connection closes when in-flight requests end.
+    pub fn remove(&self, node: NodeId) -> bool {
+        self.peers.write().unwrap_or_else(|e| e.into_inner()).remove(&node).is_some()
+    }
+
+    pub fn addr(&self, node: NodeId) -> Option<String> {
+        self.get(node).map(|p| p.addr.clone())
+    }
+
+    /// Every known peer and its address, sorted by node id.
+    pub fn list(&self) -> Vec<(NodeId, String)> {
+        let peers = self.peers.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = peers.iter().map(|(n, p)| (*n, p.addr.clone())).collect();
+        out.sort();
+        out
+    }
+
+    pub(crate) fn get(&self, node: NodeId) -> Option<Arc<Peer>> {
+        self.peers.read().unwrap_or_else(|e| e.into_inner()).get(&node).cloned()
+    }
+}
+
+/// One peer at one address: its connection slot.
+pub(crate) struct Peer {
+    pub node: NodeId,
+    pub addr: String,
+    /// Held only for short, non-async sections; connecting happens outside it.
+    slot: Mutex<Slot>,
+}
+
+/// The outcome of one connect attempt, shared by every request waiting for it.
+type Connecting = Shared<BoxFuture<'static, Result<Conn, Arc<std::io::Error>>>>;
+
+#[derive(Default)]
+struct Slot {
+    conn: Option<Conn>,
+    /// The attempt in progress: later requests wait for it instead of opening their own connection.
+    connecting: Option<Connecting>,
+    /// Connects that failed in a row; reset by a successful one.
+    failures: u32,
+    /// While set and in the future, requests fail fast.
+    retry_at: Option<Instant>,
+    /// Numbers connections, so a request reporting a broken one does not drop its replacement.
+    generation: u64,
+}
+
+/// A handle on the peer's connection; cloning it is how requests share the connection.
+#[derive(Clone)]
+pub(crate) struct Conn {
+    pub sender: SendRequest<Full<Bytes>>,
+    pub generation: u64,
+}
+
+impl Peer {
+    fn new(node: NodeId, addr: String) -> Peer {
+        Peer { node, addr, slot: Mutex::new(Slot::default()) }
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live connection, opening one if there is none and the peer is not in backoff.
+    ///
+    /// Cancel safety: the connect runs in its own task and records its outcome (connection, or
+    /// failure and backoff) itself, so a request whose deadline ends first does not lose it; without
+    /// that, a peer that swallows SYNs would never enter backoff when deadlines are shorter than the
+    /// connect timeout (AppendEntries' is below 200 ms).
+    pub async fn conn(self: &Arc<Self>, config: &TransportConfig) -> Result<Conn, TransportError> {
+        let connecting = {
+            let mut slot = self.slot();
+            if let Some(conn) = &slot.conn {
+                if !conn.sender.is_closed() {
+                    return Ok(conn.clone());
+                }
+                tracing::debug!(node = self.node, addr = %self.addr, "connection closed; reconnecting");
+                slot.conn = None;
+            }
+            match &slot.connecting {
+                Some(c) => c.clone(),
+                None => {
+                    let now = Instant::now();
+                    if let Some(at) = slot.retry_at.filter(|at| *at > now) {
+                        return Err(TransportError::Backoff {
+                            node: self.node,
+                            addr: self.addr.clone(),
+                            failures: slot.failures,
+                            retry_in: at - now,
+                        });
+                    }
+                    let task = tokio::spawn(self.clone().connect_and_record(config.clone()));
+                    let c: Connecting = async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(Arc::new(std::io::Error::other(format!("connect task: {e}")))))
+                    }
+                    .boxed()
+                    .shared();
+                    slot.connecting = Some(c.clone());
+                    c
+                }
+            }
+        };
+        connecting.await.map_err(|e| TransportError::Connect {
+            node: self.node,
+            addr: self.addr.clone(),
+            source: std::io::Error::new(e.kind(), e.to_string()),
+        })
+    }
+
+    /// One connect attempt, bounded by the connect timeout; records the outcome in the slot.
+    async fn connect_and_record(self: Arc<Self>, config: TransportConfig) -> Result<Conn, Arc<std::io::Error>> {
+        let result = match tokio::time::timeout(config.connect_timeout, connect(&self.addr, &config)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no connection within {:?}", config.connect_timeout),
+            )),
+        };
+        let mut slot = self.slot();
+        slot.connecting = None;
+        match result {
+            Ok(sender) => {
+                slot.generation += 1;
+                slot.failures = 0;
+                slot.retry_at = None;
+                let conn = Conn { sender, generation: slot.generation };
+                slot.conn = Some(conn.clone());
+                metrics::counter!("twinhub_rpc_connects_total", "peer" => self.node.to_string()).increment(1);
+                tracing::debug!(node = self.node, addr = %self.addr, "connected");
+                Ok(conn)
+            }
+            Err(e) => {
+                slot.failures = slot.failures.saturating_add(1);
+                let delay = backoff_delay(&config, slot.failures);
+                slot.retry_at = Some(Instant::now() + delay);
+                metrics::counter!("twinhub_rpc_connect_failures_total", "peer" => self.node.to_string()).increment(1);
+                // Once per outage, not once per attempt: a dead peer would otherwise log every few seconds.
+                if slot.failures == 1 {
+                    tracing::warn!(node = self.node, addr = %self.addr, ?delay, "connect failed: {e}; backing off");
+                } else {
+                    tracing::debug!(
+                        node = self.node,
+                        failures = slot.failures,
+                        ?delay,
+                        "connect failed: {e}; backing off"
+                    );
+                }
+                Err(Arc::new(e))
+            }
+        }
+    }
+
+    /// How many connections to this peer were opened (tests: requests share one).
+    #[cfg(test)]
+    pub fn connections_opened(&self) -> u64 {
+        self.slot().generation
+    }
+
+    /// A request failed on connection `generation`: drop it so the next request reconnects.
+    pub fn broken(&self, generation: u64) {
+        let mut slot = self.slot();
+        if slot.conn.as_ref().is_some_and(|c| c.generation == generation) {
+            slot.conn = None;
+        }
+    }
+}
+
+/// `backoff_min · 2^(failures-1)`, capped at `backoff_max`.
+fn backoff_delay(config: &TransportConfig, failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(20);
+    config.backoff_min.saturating_mul(1 << exp).min(config.backoff_max)
+}
+
+/// Opens TCP (no Nagle: Raft messages are small and latency-bound) and does the HTTP/2 handshake
+/// with prior knowledge (h2c). The connection is driven by its own task, which ends when it closes.
+async fn connect(addr: &str, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>> {
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(config.h2_stream_window)
+        .initial_connection_window_size(config.h2_connection_window)
+        .max_frame_size(config.h2_max_frame)
+        .keep_alive_interval(config.keepalive)
+        .keep_alive_timeout(config.keepalive)
+        .keep_alive_while_idle(true);
+    let (sender, conn) = builder.handshake(TokioIo::new(tcp)).await.map_err(std::io::Error::other)?;
+    let addr = addr.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(%addr, "cluster connection ended: {e}");
+        }
+    });
+    Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_backoff_doubles_up_to_the_cap() {
+        let mut c = TransportConfig::new(1, super::super::ClusterSecret::new(b"k").expect("secret"));
+        c.backoff_min = Duration::from_millis(50);
+        c.backoff_max = Duration::from_secs(2);
+        let d: Vec<u64> = (1..=8).map(|f| backoff_delay(&c, f).as_millis() as u64).collect();
+        assert_eq!(d, vec![50, 100, 200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(backoff_delay(&c, u32::MAX), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn test_learn_ignores_empty_and_keeps_unchanged() {
+        let t = PeerTable::default();
+        t.learn(2, "");
+        assert_eq!(t.addr(2), None);
+        t.learn(2, "127.0.0.1:1");
+        let first = t.get(2).expect("peer");
+        t.learn(2, "127.0.0.1:1");
+        assert!(Arc::ptr_eq(&first, &t.get(2).expect("peer")), "unchanged address must keep the connection");
+        assert!(t.set(2, "127.0.0.1:2"));
+        assert_eq!(t.list(), vec![(2, "127.0.0.1:2".to_string())]);
+        assert!(t.remove(2));
+    }
+}

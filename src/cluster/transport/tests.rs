@@ -1,0 +1,508 @@
+//! Transport tests over loopback: a real three-replica shard group (fjall store, openraft) that
+//! replicates, fails over and catches a new replica up by snapshot; authentication; backoff; calls.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2;
+use hyper::header::HeaderValue;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::error::RPCError;
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::VoteRequest;
+use openraft::{ServerState, SnapshotPolicy};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{self, unix_ms, HEADER_NODE, HEADER_SIG, HEADER_TS};
+use super::*;
+use crate::model::{AuthSpec, Command, DeviceSpec, Op, Reply, Status};
+use crate::shard::log_store::LogStore;
+use crate::shard::network::{NetworkFactory, ShardRouter};
+use crate::shard::state_machine::{SharedState, StateMachine};
+use crate::shard::store::Store;
+use crate::shard::types::{Node, Raft};
+
+const SECRET: &[u8] = b"twinhub test cluster secret";
+/// Generous: these are behaviour checks on a loaded 2-core box, not performance assertions.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn secret(s: &[u8]) -> ClusterSecret {
+    ClusterSecret::new(s).expect("secret")
+}
+
+fn transport_with(id: NodeId, s: &[u8]) -> Transport {
+    Transport::new(TransportConfig::new(id, secret(s)))
+}
+
+fn transport(id: NodeId) -> Transport {
+    transport_with(id, SECRET)
+}
+
+/// Serves `t` on a fresh loopback port.
+async fn start_server(t: &Transport) -> (String, CancellationToken, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, t.service(), stop.clone()));
+    (addr, stop, server)
+}
+
+/// Production timings (250 ms heartbeat, 1–2 s election timeout) with pre-vote on, and snapshots
+/// every 10 entries with nothing kept behind them, so a new replica must be caught up by snapshot.
+fn raft_config() -> Arc<openraft::Config> {
+    let cfg = openraft::Config {
+        cluster_name: "twinhub-test".into(),
+        heartbeat_interval: 250,
+        election_timeout_min: 1000,
+        election_timeout_max: 2000,
+        install_snapshot_timeout: 10_000,
+        enable_pre_vote: Some(true),
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(10),
+        max_in_snapshot_log_to_keep: 0,
+        purge_batch_size: 10,
+        ..Default::default()
+    };
+    Arc::new(cfg.validate().expect("raft config"))
+}
+
+/// One node hosting a replica of shard 0 on the real store, served over its own transport.
+struct TestNode {
+    id: NodeId,
+    addr: String,
+    _dir: tempfile::TempDir,
+    store: Arc<Store>,
+    raft: Raft,
+    state: SharedState,
+    transport: Transport,
+    stop: CancellationToken,
+    server: JoinHandle<()>,
+}
+
+impl TestNode {
+    async fn start(id: NodeId) -> TestNode {
+        let transport = transport(id);
+        let (addr, stop, server) = start_server(&transport).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Store::open(dir.path()).expect("store"));
+        let sm = StateMachine::open(0, store.clone(), None).expect("state machine");
+        let state = sm.shared();
+        let log = LogStore::new(0, store.clone());
+        let network = NetworkFactory::new(ShardRouter::new(transport.clone()), 0);
+        let raft = Raft::new(id, raft_config(), network, log, sm).await.expect("raft");
+        transport.groups().register(0, raft.clone());
+        TestNode { id, addr, _dir: dir, store, raft, state, transport, stop, server }
+    }
+
+    fn member(&self) -> (NodeId, Node) {
+        (self.id, Node { addr: self.addr.clone() })
+    }
+
+    fn has_device(&self, id: &str) -> bool {
+        self.state.read().unwrap_or_else(|e| e.into_inner()).state.device(id).is_some()
+    }
+
+    fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow_watched().current_leader
+    }
+
+    /// Takes the node off the network and stops its group, as a crash would (minus the disk).
+    async fn stop(&self) {
+        self.stop.cancel();
+        self.transport.groups().unregister(0);
+        self.raft.shutdown().await.expect("raft shutdown");
+        self.store.writer.stop().await.expect("store stop");
+    }
+}
+
+fn put_device(id: &str) -> Command {
+    Command::new(
+        Op::PutDevice {
+            device: DeviceSpec {
+                device_id: id.into(),
+                status: Status::Enabled,
+                status_reason: None,
+                auth: AuthSpec {
+                    auth_type: "sas".into(),
+                    primary_key: Some("cHJpbWFyeQ==".into()),
+                    secondary_key: Some("c2Vjb25kYXJ5".into()),
+                    primary_thumbprint: None,
+                    secondary_thumbprint: None,
+                },
+                iot_edge: false,
+            },
+            if_match: None,
+        },
+        1_700_000_000_000,
+    )
+}
+
+/// Waits until every node of `nodes` names the same leader, one of them and not `not`.
+async fn must_agree_on_leader(nodes: &[&TestNode], not: Option<NodeId>) -> NodeId {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let leaders: Vec<_> = nodes.iter().map(|n| n.leader()).collect();
+        if let Some(Some(l)) = leaders.first() {
+            let agreed = leaders.iter().all(|x| *x == Some(*l));
+            if agreed && Some(*l) != not && nodes.iter().any(|n| n.id == *l) {
+                return *l;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no agreed leader among {:?}: {leaders:?}",
+            nodes.iter().map(|n| n.id).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Writes a device through `leader` and returns the log index it was committed at.
+async fn must_put_device(leader: &TestNode, id: &str) -> u64 {
+    let resp = leader.raft.client_write(put_device(id)).await.expect("client_write");
+    assert!(matches!(resp.data.result, Ok(Reply::Device(_))), "{:?}", resp.data.result);
+    resp.log_id.index
+}
+
+async fn must_apply(nodes: &[&TestNode], index: u64) {
+    for n in nodes {
+        n.raft
+            .wait(Some(WAIT))
+            .applied_index_at_least(Some(index), format!("node {} applies {index}", n.id))
+            .await
+            .expect("applied");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_three_replicas_replicate_fail_over_and_catch_up_by_snapshot() {
+    let nodes = vec![TestNode::start(1).await, TestNode::start(2).await, TestNode::start(3).await];
+    // Only node 1 is told the membership; the others learn every address from it.
+    let members: BTreeMap<_, _> = nodes.iter().map(TestNode::member).collect();
+    nodes[0].raft.initialize(members).await.expect("initialize");
+    let all: Vec<&TestNode> = nodes.iter().collect();
+    let leader_id = must_agree_on_leader(&all, None).await;
+    let leader = nodes.iter().find(|n| n.id == leader_id).expect("leader");
+
+    let mut last = 0;
+    for i in 0..5 {
+        last = must_put_device(leader, &format!("dev-{i}")).await;
+    }
+    must_apply(&all, last).await;
+    for n in &nodes {
+        assert!((0..5).all(|i| n.has_device(&format!("dev-{i}"))), "node {} misses devices", n.id);
+        // One connection per peer, shared by every RPC of the group.
+        for (peer, _) in n.transport.peers().list() {
+            let opened = n.transport.peers().get(peer).expect("peer").connections_opened();
+            assert!(opened <= 1, "node {} opened {opened} connections to {peer}", n.id);
+        }
+    }
+
+    // The leader crashes: the other two elect a new one and keep taking writes.
+    let stopped = Instant::now();
+    leader.stop().await;
+    let survivors: Vec<&TestNode> = nodes.iter().filter(|n| n.id != leader_id).collect();
+    let new_id = must_agree_on_leader(&survivors, Some(leader_id)).await;
+    let new_leader = nodes.iter().find(|n| n.id == new_id).expect("new leader");
+    new_leader.raft.wait(Some(WAIT)).state(ServerState::Leader, "new leader").await.expect("leader state");
+    let first = must_put_device(new_leader, "dev-after-failover").await;
+    // openraft 0.10 starts an election only after the leader lease (election_timeout_max) plus a
+    // random election timeout since the last heartbeat: with 1–2 s timeouts, 3–4 s.
+    println!("failover: node {leader_id} stopped, node {new_id} accepted a write after {:?}", stopped.elapsed());
+    for i in 5..30 {
+        last = must_put_device(new_leader, &format!("dev-{i}")).await;
+    }
+    assert!(last > first);
+    must_apply(&survivors, last).await;
+    for n in &survivors {
+        assert!(
+            n.has_device("dev-after-failover") && (0..30).all(|i| n.has_device(&format!("dev-{i}"))),
+            "node {}",
+            n.id
+        );
+    }
+
+    // A new replica: the log it needs is purged, so it is caught up with a full snapshot (one RPC).
+    new_leader.raft.wait(Some(WAIT)).metrics(|m| m.purged.is_some(), "leader purged its log").await.expect("purged");
+    let fourth = TestNode::start(4).await;
+    let (id, node) = fourth.member();
+    new_leader.raft.add_learner(id, node, true).await.expect("add learner");
+    must_apply(&[&fourth], last).await;
+    assert!(fourth.raft.metrics().borrow_watched().snapshot.is_some(), "learner was not sent a snapshot");
+    assert!(fourth.has_device("dev-after-failover") && (0..30).all(|i| fourth.has_device(&format!("dev-{i}"))));
+
+    for n in survivors.iter().copied().chain([&fourth]) {
+        n.stop().await;
+    }
+    for n in nodes.into_iter().chain([fourth]) {
+        let _ = tokio::time::timeout(WAIT, n.server).await;
+    }
+}
+
+/// Posts a raw HTTP/2 request (our own headers, no client-side signing).
+async fn raw_post(addr: &str, path: &str, headers: &[(&'static str, String)], body: Vec<u8>) -> (StatusCode, Bytes) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut req = Request::new(Full::new(Bytes::from(body)));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = format!("http://{addr}{path}").parse().expect("uri");
+    for (k, v) in headers {
+        req.headers_mut().insert(*k, HeaderValue::from_str(v).expect("header"));
+    }
+    let resp = sender.send_request(req).await.expect("send");
+    let status = resp.status();
+    (status, resp.into_body().collect().await.expect("body").to_bytes())
+}
+
+fn vote_req(term: u64, node: NodeId) -> VoteRequest<TypeConfig> {
+    VoteRequest::new(openraft::impls::Vote::new(term, node), None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
+    let node = TestNode::start(1).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    node.transport.handlers().register("count", move |_, _| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Ok(Bytes::new()) }
+    });
+    let term = || node.raft.metrics().borrow_watched().current_term;
+    assert_eq!(term(), 0);
+
+    // A client with another secret: refused, and the vote never reaches Raft (the term stays 0).
+    let stranger = transport_with(2, b"not the cluster secret");
+    stranger.peers().set(1, node.addr.clone());
+    let err = stranger.vote(1, 0, vote_req(5, 2), WAIT).await.expect_err("stranger");
+    assert!(matches!(err, TransportError::Remote { failure: RpcFailure::Unauthorized, .. }), "{err}");
+    let err = stranger.call(1, "count", Bytes::from_static(b"x"), None).await.expect_err("stranger");
+    assert!(matches!(err, TransportError::Remote { failure: RpcFailure::Unauthorized, .. }), "{err}");
+
+    // Correctly signed but 2 minutes old: refused.
+    let path = Endpoint::Raft(RaftKind::Vote).path();
+    let body = wire::encode(&wire::ShardRequest { shard: 0, rpc: vote_req(5, 2) }).expect("encode");
+    let old = unix_ms() - 120_000;
+    let sig = secret(SECRET).sign(2, old, &path, &body);
+    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, old.to_string()), (HEADER_SIG, sig)];
+    let (status, _) = raw_post(&node.addr, &path, &headers, body.clone()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // Garbage under a bad signature is refused as unauthorized, not as undecodable: nothing was decoded.
+    let now = unix_ms();
+    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, now.to_string()), (HEADER_SIG, "AAAA".to_string())];
+    let (status, answer) = raw_post(&node.addr, &path, &headers, b"\xff\xff\xff garbage".to_vec()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(RpcFailure::from_body(status, &answer), RpcFailure::Unauthorized);
+    // Signed for another path: refused.
+    let sig = secret(SECRET).sign(2, now, "/cluster/v1/raft/prevote", &body);
+    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, now.to_string()), (HEADER_SIG, sig)];
+    assert_eq!(raw_post(&node.addr, &path, &headers, body.clone()).await.0, StatusCode::UNAUTHORIZED);
+    // Missing headers: refused.
+    assert_eq!(raw_post(&node.addr, &path, &[], body).await.0, StatusCode::UNAUTHORIZED);
+
+    assert_eq!(term(), 0, "a refused request reached Raft");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "a refused call reached its handler");
+
+    // The same vote from a member goes through, so the refusals above were the signature's doing.
+    let member = transport(2);
+    member.peers().set(1, node.addr.clone());
+    let resp = member.vote(1, 0, vote_req(5, 2), WAIT).await.expect("member vote");
+    assert!(resp.is_granted_to(&openraft::impls::Vote::new(5, 2)), "{resp:?}");
+    assert_eq!(term(), 5);
+
+    // And a client refuses an answer signed by another node than the one it asked.
+    let confused = transport(2);
+    confused.peers().set(3, node.addr.clone());
+    let err = confused.call(3, "count", Bytes::new(), None).await.expect_err("wrong node answered");
+    assert!(
+        matches!(err, TransportError::ResponseAuth { source: auth::AuthError::WrongNode { got: 1, want: 3 }, .. }),
+        "{err}"
+    );
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
+    let t = transport(1);
+    let dead = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = dead.local_addr().expect("addr").to_string();
+    drop(dead);
+    t.peers().set(9, addr.clone());
+
+    let err = t.vote(9, 0, vote_req(1, 1), WAIT).await.expect_err("dead port");
+    assert!(matches!(err, TransportError::Connect { .. }) && err.is_unreachable(), "{err}");
+    let start = Instant::now();
+    let err = t.vote(9, 0, vote_req(1, 1), WAIT).await.expect_err("in backoff");
+    let fast = start.elapsed();
+    assert!(matches!(err, TransportError::Backoff { .. }) && err.is_unreachable(), "{err}");
+    assert!(fast < Duration::from_secs(1), "backoff answer took {fast:?}");
+    println!("send to a peer in backoff failed after {fast:?}");
+
+    // Through openraft's interface: Unreachable, so openraft backs off too.
+    let mut factory = NetworkFactory::new(ShardRouter::new(t.clone()), 0);
+    let mut net = factory.new_client(9, &Node { addr: addr.clone() }).await;
+    let res = RaftNetworkV2::vote(&mut net, vote_req(1, 1), RPCOption::new(WAIT)).await;
+    assert!(matches!(res, Err(RPCError::Unreachable(_))), "{res:?}");
+    // A node nobody told us about: Unreachable as well.
+    let mut net = factory.new_client(10, &Node::default()).await;
+    let res = RaftNetworkV2::vote(&mut net, vote_req(1, 1), RPCOption::new(WAIT)).await;
+    assert!(matches!(res, Err(RPCError::Unreachable(_))), "{res:?}");
+
+    // The peer comes up at that address: once the backoff ends, the next request reconnects.
+    let listener = TcpListener::bind(&addr).await.expect("rebind the dead port");
+    let peer = transport(9);
+    peer.handlers().register("ping", |_, _| async { Ok(Bytes::from_static(b"pong")) });
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, peer.service(), stop.clone()));
+    let deadline = Instant::now() + WAIT;
+    let answer = loop {
+        match t.call(9, "ping", Bytes::new(), None).await {
+            Ok(a) => break a,
+            Err(e) if e.is_unreachable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("no reconnect: {e}"),
+        }
+    };
+    assert_eq!(&answer[..], b"pong");
+    // The shard is not hosted there: Unreachable for openraft (back off), not a network error.
+    let res =
+        RaftNetworkV2::vote(&mut factory.new_client(9, &Node { addr }).await, vote_req(1, 1), RPCOption::new(WAIT))
+            .await;
+    assert!(matches!(res, Err(RPCError::Unreachable(_))), "{res:?}");
+    stop.cancel();
+    server.await.expect("server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_call_round_trips_bytes_over_one_connection() {
+    let server_t = transport(1);
+    server_t.handlers().register("echo", |from, body: Bytes| async move {
+        let mut out = format!("{from}:").into_bytes();
+        out.extend(body.iter().rev());
+        Ok(Bytes::from(out))
+    });
+    server_t.handlers().register("fail", |_, _| async { Err(CallError("no leader for shard 3".into())) });
+    server_t.handlers().register("slow", |_, _| async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Ok(Bytes::new())
+    });
+    assert!(!server_t.handlers().register("bad/name", |_, _| async { Ok(Bytes::new()) }));
+    let (addr, stop, server) = start_server(&server_t).await;
+
+    let client = transport(2);
+    client.peers().set(1, addr);
+    let answer = client.call(1, "echo", Bytes::from_static(b"abc"), None).await.expect("echo");
+    assert_eq!(&answer[..], b"2:cba");
+
+    // Many concurrent calls share the one connection.
+    let calls = (0..50u32).map(|i| {
+        let client = client.clone();
+        async move { client.call(1, "echo", Bytes::from(i.to_string()), None).await }
+    });
+    for (i, r) in futures::future::join_all(calls).await.into_iter().enumerate() {
+        let want = format!("2:{}", i.to_string().chars().rev().collect::<String>());
+        assert_eq!(r.expect("echo"), want.as_bytes());
+    }
+    assert_eq!(client.peers().get(1).expect("peer").connections_opened(), 1);
+
+    // A large body crosses intact (flow-control windows).
+    let big = Bytes::from(vec![7u8; 3 << 20]);
+    assert_eq!(client.call(1, "echo", big.clone(), None).await.expect("big echo").len(), big.len() + 2);
+
+    let err = client.call(1, "nobody", Bytes::new(), None).await.expect_err("no handler");
+    assert!(matches!(err, TransportError::Remote { failure: RpcFailure::NoHandler(_), .. }), "{err}");
+    let err = client.call(1, "fail", Bytes::new(), None).await.expect_err("handler error");
+    assert!(
+        matches!(&err, TransportError::Remote { failure: RpcFailure::Handler(m), .. } if m.contains("shard 3")),
+        "{err}"
+    );
+    let err = client.call(1, "slow", Bytes::new(), Some(Duration::from_millis(200))).await.expect_err("deadline");
+    assert_eq!(err.timeout(), Some(Duration::from_millis(200)), "{err}");
+    let err = client.call(1, "a/b", Bytes::new(), None).await.expect_err("invalid name");
+    assert!(matches!(err, TransportError::InvalidName(_)), "{err}");
+    let big = Bytes::from(vec![0u8; client.config().limits.call + 1]);
+    let err = client.call(1, "echo", big, None).await.expect_err("too large");
+    assert!(matches!(err, TransportError::Remote { failure: RpcFailure::TooLarge { .. }, .. }), "{err}");
+    // Still the same connection after all of that.
+    assert_eq!(client.call(1, "echo", Bytes::from_static(b"z"), None).await.expect("echo"), &b"2:z"[..]);
+    assert_eq!(client.peers().get(1).expect("peer").connections_opened(), 1);
+    stop.cancel();
+    server.await.expect("server");
+}
+
+/// Prints (does not assert) round trips over loopback: a vote handled by a real Raft group, and a
+/// small call. Run in release for meaningful numbers:
+/// `cargo test --release --lib cluster::transport::tests::measure -- --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn measure_vote_and_call_round_trip_over_loopback() {
+    let node = TestNode::start(1).await;
+    node.transport.handlers().register("echo", |_, body| async move { Ok(body) });
+    let client = transport(2);
+    client.peers().set(1, node.addr.clone());
+    let n = 2_000;
+    for (what, is_vote) in [("vote", true), ("call", false)] {
+        let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
+        for i in 0..n + 100 {
+            let start = Instant::now();
+            if is_vote {
+                // Term 0 never wins: the group answers without persisting anything.
+                client.vote(1, 0, vote_req(0, 2), WAIT).await.expect("vote");
+            } else {
+                client.call(1, "echo", Bytes::from_static(b"0123456789abcdef"), None).await.expect("call");
+            }
+            if i >= 100 {
+                hist.record(start.elapsed().as_micros() as u64).expect("record");
+            }
+        }
+        println!(
+            "loopback {what} RPC over {n} sequential calls: p50 {} µs, p99 {} µs, max {} µs",
+            hist.value_at_quantile(0.5),
+            hist.value_at_quantile(0.99),
+            hist.max()
+        );
+    }
+    node.stop().await;
+}
+
+/// A connect outlives the short deadline of the request that started it (AppendEntries' is under
+/// 200 ms): its failure must still be recorded, so later requests fail fast instead of each waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_connect_outliving_short_deadlines_still_starts_backoff() {
+    // A listener that never accepts, with its accept queue filled: further SYNs are dropped, so a
+    // connect hangs like one to a powered-off host.
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let listener = socket.listen(1).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await {
+            fillers.push(s);
+        }
+    }
+    let mut config = TransportConfig::new(1, secret(SECRET));
+    config.connect_timeout = Duration::from_millis(300);
+    config.backoff_min = Duration::from_secs(10);
+    let t = Transport::new(config);
+    t.peers().set(9, addr.to_string());
+    let short = Duration::from_millis(50);
+    let err = t.vote(9, 0, vote_req(1, 1), short).await.expect_err("hangs");
+    assert_eq!(err.timeout(), Some(short), "{err}");
+    // The connect gives up at 300 ms on its own, and puts the peer in backoff.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let start = Instant::now();
+    let err = t.vote(9, 0, vote_req(1, 1), short).await.expect_err("backoff");
+    assert!(matches!(err, TransportError::Backoff { failures: 1, .. }), "{err} (fillers: {})", fillers.len());
+    assert!(start.elapsed() < short);
+    drop((listener, fillers));
+}
