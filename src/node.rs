@@ -203,6 +203,7 @@ async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        shards.learn_peers();
         if shards.ready() {
             shards.balance_leaders().await;
         }

@@ -26,6 +26,28 @@ pub enum ClusterCommand {
     Down(DirArgs),
     /// Nodes, and for every shard its leader, replicas, term and replica lag.
     Status(StatusArgs),
+    /// Start one more node and make it a replica of every shard.
+    Add(AddArgs),
+    /// Remove a node from every shard, stop it and set its data aside (its id is never reused).
+    Remove(RemoveArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AddArgs {
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Seconds to wait for the node to be ready.
+    #[arg(long, default_value_t = 300)]
+    pub timeout: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct RemoveArgs {
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Id of the node to remove.
+    #[arg(long)]
+    pub node: u64,
 }
 
 #[derive(Args, Debug)]
@@ -66,6 +88,16 @@ pub struct DirArgs {
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct ClusterFile {
     pub owner_key: String,
+    /// The inter-node secret (nodes added later need it).
+    pub secret: String,
+    /// Certificate and key every node serves.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The binary the nodes run.
+    pub bin: PathBuf,
+    /// Ids of removed nodes: never reused.
+    #[serde(default)]
+    pub removed: Vec<u64>,
     /// PEM of the CA every node's certificate chains to.
     pub ca: PathBuf,
     pub hostname: String,
@@ -121,6 +153,8 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
         ClusterCommand::Up(a) => up(a),
         ClusterCommand::Down(a) => down(&a.dir),
         ClusterCommand::Status(a) => status(&a),
+        ClusterCommand::Add(a) => add(&a.dir, a.timeout),
+        ClusterCommand::Remove(a) => remove(&a.dir, a.node),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -191,105 +225,143 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
 
     let ids: Vec<u64> = (1..=u64::from(a.nodes)).collect();
     let ports = free_ports(ids.len() * 5)?;
-    let addr = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
-    let mut peers = BTreeMap::new();
-    for (i, id) in ids.iter().enumerate() {
-        peers.insert(*id, addr(ports[i * 5 + 4]).to_string());
-    }
-    let peers_text = peers.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",");
-
-    let mut nodes = Vec::new();
-    for (i, id) in ids.iter().enumerate() {
-        let node_dir = dir.join(format!("node-{id}"));
-        let data_dir = node_dir.join("data");
-        std::fs::create_dir_all(&data_dir).map_err(io(format!("creating {}", data_dir.display())))?;
-        if !data_dir.join("policies.json").exists() {
-            write_atomically(&data_dir.join("policies.json"), &policies_json).map_err(io("writing policies.json"))?;
-        }
-        let p = &ports[i * 5..i * 5 + 5];
-        let entry = NodeEntry {
-            id: *id,
-            pid: 0,
-            http: addr(p[0]),
-            mqtt: addr(p[1]),
-            mqtt_plain: addr(p[2]),
-            events: addr(p[3]),
-            cluster: addr(p[4]),
-            data_dir: data_dir.clone(),
-            config: node_dir.join("twinhub.toml"),
-            log: node_dir.join("twinhub.log"),
-            connection_string: String::new(),
-        };
-        let toml = format!(
-            "# twinhub node {id} of a local cluster (written by `twinhub cluster up`)\n\
-             node_id = {id}\n\
-             data_dir = {data:?}\n\
-             hostname = {hostname:?}\n\
-             http_listen = \"{http}\"\n\
-             mqtt_listen = \"{mqtt}\"\n\
-             mqtt_plain_listen = \"{plain}\"\n\
-             events_listen = \"{events}\"\n\
-             shard_count = {shards}\n\
-             tls_cert = {cert:?}\n\
-             tls_key = {key:?}\n{cluster}",
-            data = data_dir.display().to_string(),
-            http = entry.http,
-            mqtt = entry.mqtt,
-            plain = entry.mqtt_plain,
-            events = entry.events,
-            shards = a.shard_count,
-            cert = certs.server_cert.display().to_string(),
-            key = certs.server_key.display().to_string(),
-            cluster = if ids.len() > 1 {
-                format!(
-                    "cluster_listen = \"{}\"\ncluster_secret = \"{secret}\"\npeers = \"{peers_text}\"\n",
-                    entry.cluster
-                )
-            } else {
-                String::new()
-            },
-        );
-        write_atomically(&entry.config, toml.as_bytes()).map_err(io(format!("writing {}", entry.config.display())))?;
-        nodes.push(entry);
-    }
-
-    for n in nodes.iter_mut() {
-        let out = std::fs::File::create(n.log.with_extension("stdout")).map_err(io("creating the node's stdout file"))?;
-        let err = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&n.log)
-            .map_err(io(format!("opening {}", n.log.display())))?;
-        let mut cmd = Command::new(&bin);
-        cmd.arg("serve").arg("--config").arg(&n.config).stdin(Stdio::null()).stdout(out).stderr(err);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt;
-            cmd.process_group(0);
-        }
-        let child = cmd.spawn().map_err(io(format!("starting {}", bin.display())))?;
-        n.pid = child.id();
-        eprintln!("node {}: pid {} http {} mqtt {} cluster {}", n.id, n.pid, n.http, n.mqtt, n.cluster);
-    }
-
-    let file = |nodes: &Vec<NodeEntry>| ClusterFile {
-        owner_key: owner_key.clone(),
+    let peers: BTreeMap<u64, SocketAddr> = ids.iter().enumerate().map(|(i, id)| (*id, loopback(ports[i * 5 + 4]))).collect();
+    let mut file = ClusterFile {
+        owner_key,
         ca: certs.ca_cert.clone(),
         hostname: hostname.clone(),
         shard_count: a.shard_count,
-        nodes: nodes.clone(),
+        nodes: Vec::new(),
+        secret,
+        cert: certs.server_cert.clone(),
+        key: certs.server_key.clone(),
+        bin: bin.clone(),
+        removed: Vec::new(),
     };
+    for (i, id) in ids.iter().enumerate() {
+        let entry = prepare_node(&dir, &file, *id, &ports[i * 5..i * 5 + 5], &peers, &policies_json)?;
+        file.nodes.push(entry);
+    }
+    for n in file.nodes.iter_mut() {
+        spawn_node(&bin, n)?;
+    }
     // Written before waiting, so `down` can stop a cluster that never became ready.
-    let json = serde_json::to_vec_pretty(&file(&nodes)).unwrap_or_default();
-    write_atomically(&dir.join("cluster.json"), &json).map_err(io("writing cluster.json"))?;
-
+    save(&dir, &file)?;
     let tls = super::https::client_config(&certs.ca_cert)?;
-    let deadline = Instant::now() + Duration::from_secs(a.timeout);
+    let started = Instant::now();
+    wait_ready(&tls, &mut file.nodes, Duration::from_secs(a.timeout))?;
+    save(&dir, &file)?;
+    let nodes = file.nodes.clone();
+    let mut out = std::io::stdout().lock();
+    for n in &nodes {
+        let _ = writeln!(out, "node {}: {}", n.id, n.connection_string);
+    }
+    let _ = writeln!(out, "CA: {}", certs.ca_cert.display());
+    let _ = writeln!(out, "cluster file: {}", dir.join("cluster.json").display());
+    eprintln!("cluster of {} node(s) ready in {:.1?}", nodes.len(), started.elapsed());
+    Ok(())
+}
+
+fn loopback(p: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], p))
+}
+
+fn save(dir: &Path, file: &ClusterFile) -> Result<(), LauncherError> {
+    let json = serde_json::to_vec_pretty(file).unwrap_or_default();
+    write_atomically(&dir.join("cluster.json"), &json).map_err(io("writing cluster.json"))
+}
+
+/// Creates node `id`'s directory, data directory (with the shared policies) and config file.
+/// `ports`: http, mqtt, plain mqtt, events, cluster. `peers`: every member the node should know.
+fn prepare_node(
+    dir: &Path,
+    file: &ClusterFile,
+    id: u64,
+    ports: &[u16],
+    peers: &BTreeMap<u64, SocketAddr>,
+    policies_json: &[u8],
+) -> Result<NodeEntry, LauncherError> {
+    let node_dir = dir.join(format!("node-{id}"));
+    let data_dir = node_dir.join("data");
+    std::fs::create_dir_all(&data_dir).map_err(io(format!("creating {}", data_dir.display())))?;
+    if !data_dir.join("policies.json").exists() {
+        write_atomically(&data_dir.join("policies.json"), policies_json).map_err(io("writing policies.json"))?;
+    }
+    let entry = NodeEntry {
+        id,
+        pid: 0,
+        http: loopback(ports[0]),
+        mqtt: loopback(ports[1]),
+        mqtt_plain: loopback(ports[2]),
+        events: loopback(ports[3]),
+        cluster: loopback(ports[4]),
+        data_dir: data_dir.clone(),
+        config: node_dir.join("twinhub.toml"),
+        log: node_dir.join("twinhub.log"),
+        connection_string: String::new(),
+    };
+    let peers_text = peers.iter().map(|(id, a)| format!("{id}={a}")).collect::<Vec<_>>().join(",");
+    let toml = format!(
+        "# twinhub node {id} of a local cluster (written by `twinhub cluster`)\n\
+         node_id = {id}\n\
+         data_dir = {data:?}\n\
+         hostname = {hostname:?}\n\
+         http_listen = \"{http}\"\n\
+         mqtt_listen = \"{mqtt}\"\n\
+         mqtt_plain_listen = \"{plain}\"\n\
+         events_listen = \"{events}\"\n\
+         shard_count = {shards}\n\
+         tls_cert = {cert:?}\n\
+         tls_key = {key:?}\n{cluster}",
+        data = data_dir.display().to_string(),
+        hostname = file.hostname,
+        http = entry.http,
+        mqtt = entry.mqtt,
+        plain = entry.mqtt_plain,
+        events = entry.events,
+        shards = file.shard_count,
+        cert = file.cert.display().to_string(),
+        key = file.key.display().to_string(),
+        cluster = if peers.len() > 1 {
+            format!("cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n", entry.cluster, file.secret)
+        } else {
+            String::new()
+        },
+    );
+    write_atomically(&entry.config, toml.as_bytes()).map_err(io(format!("writing {}", entry.config.display())))?;
+    Ok(entry)
+}
+
+/// Starts a node in its own process group (it outlives this command), logs in its directory.
+fn spawn_node(bin: &Path, n: &mut NodeEntry) -> Result<(), LauncherError> {
+    let out = std::fs::File::create(n.log.with_extension("stdout")).map_err(io("creating the node's stdout file"))?;
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&n.log)
+        .map_err(io(format!("opening {}", n.log.display())))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("serve").arg("--config").arg(&n.config).stdin(Stdio::null()).stdout(out).stderr(err);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TWINHUB_") {
+            cmd.env_remove(&k);
+        }
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+    }
+    let child = cmd.spawn().map_err(io(format!("starting {}", bin.display())))?;
+    n.pid = child.id();
+    n.connection_string.clear();
+    eprintln!("node {}: pid {} http {} mqtt {} cluster {}", n.id, n.pid, n.http, n.mqtt, n.cluster);
+    Ok(())
+}
+
+/// Waits until every node printed its connection string and answers `/ready` with 200.
+fn wait_ready(tls: &std::sync::Arc<rustls::ClientConfig>, nodes: &mut [NodeEntry], timeout: Duration) -> Result<(), LauncherError> {
+    let deadline = Instant::now() + timeout;
     let started = Instant::now();
     let mut last_report = Instant::now();
     loop {
@@ -301,17 +373,17 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
                     n.connection_string = line.trim().to_string();
                 }
             }
-            if !n.connection_string.is_empty() && node_ready(&tls, n) {
+            if !n.connection_string.is_empty() && node_ready(tls, n) {
                 ready += 1;
             } else if !pid_alive(n.pid) {
                 return Err(LauncherError::Exited { id: n.id, log: n.log.display().to_string() });
             }
         }
         if ready == nodes.len() {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(LauncherError::Timeout(a.timeout));
+            return Err(LauncherError::Timeout(timeout.as_secs()));
         }
         if last_report.elapsed() > Duration::from_secs(5) {
             eprintln!("waiting for the cluster: {ready}/{} nodes ready after {:.0?}", nodes.len(), started.elapsed());
@@ -319,16 +391,95 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
 
-    let json = serde_json::to_vec_pretty(&file(&nodes)).unwrap_or_default();
-    write_atomically(&dir.join("cluster.json"), &json).map_err(io("writing cluster.json"))?;
-    let mut out = std::io::stdout().lock();
-    for n in &nodes {
-        let _ = writeln!(out, "node {}: {}", n.id, n.connection_string);
+/// Calls `method path` on the first live node (owner policy); the answer body as JSON.
+fn call_any(file: &ClusterFile, skip: Option<u64>, method: hyper::Method, path: &str, body: Vec<u8>) -> Result<serde_json::Value, LauncherError> {
+    let tls = super::https::client_config(&file.ca)?;
+    let rt = runtime()?;
+    let mut last = String::from("no live node");
+    for n in file.nodes.iter().filter(|n| Some(n.id) != skip && pid_alive(n.pid)) {
+        let host = format!("{}:{}", file.hostname, n.http.port());
+        let token = owner_token(&host, &file.owner_key);
+        let r = rt.block_on(super::https::request(
+            tls.clone(),
+            n.http,
+            &file.hostname,
+            method.clone(),
+            path,
+            Some(&token),
+            body.clone(),
+            Duration::from_secs(300),
+        ));
+        match r {
+            Ok((200, b)) => return Ok(serde_json::from_slice(&b).unwrap_or_default()),
+            Ok((code, b)) => last = format!("node {} answered {code}: {}", n.id, String::from_utf8_lossy(&b)),
+            Err(e) => last = e.to_string(),
+        }
     }
-    let _ = writeln!(out, "CA: {}", certs.ca_cert.display());
-    let _ = writeln!(out, "cluster file: {}", dir.join("cluster.json").display());
-    eprintln!("cluster of {} node(s) ready in {:.1?}", nodes.len(), started.elapsed());
+    Err(LauncherError::Usage(format!("{method} {path} failed: {last}")))
+}
+
+/// Starts a new node (a never-used id) and makes it a voter of every shard.
+fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
+    let mut file = read_cluster_file(dir)?;
+    let id = file.nodes.iter().map(|n| n.id).chain(file.removed.iter().copied()).max().unwrap_or(0) + 1;
+    let ports = free_ports(5)?;
+    let mut peers: BTreeMap<u64, SocketAddr> = file.nodes.iter().map(|n| (n.id, n.cluster)).collect();
+    peers.insert(id, loopback(ports[4]));
+    let policies_json = std::fs::read(dir.join("shared").join("policies.json")).map_err(io("reading the shared policies"))?;
+    let mut entry = prepare_node(dir, &file, id, &ports, &peers, &policies_json)?;
+    spawn_node(&file.bin, &mut entry)?;
+    file.nodes.push(entry.clone());
+    save(dir, &file)?;
+    // The node serves once started; it becomes ready when it is a voter with a leader everywhere.
+    let started = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    while !std::fs::read_to_string(entry.log.with_extension("stdout")).unwrap_or_default().contains("HostName=") {
+        if !pid_alive(entry.pid) {
+            return Err(LauncherError::Exited { id, log: entry.log.display().to_string() });
+        }
+        if Instant::now() > deadline {
+            return Err(LauncherError::Timeout(timeout));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let body = serde_json::to_vec(&serde_json::json!({"id": id, "addr": entry.cluster.to_string()})).unwrap_or_default();
+    let r = call_any(&file, Some(id), hyper::Method::POST, "/cluster/members", body)?;
+    eprintln!("node {id} joined {} shard(s) in {:.1?}", r["shards"], started.elapsed());
+    let tls = super::https::client_config(&file.ca)?;
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if let Some(n) = file.nodes.iter_mut().find(|n| n.id == id) {
+        wait_ready(&tls, std::slice::from_mut(n), remaining)?;
+        println!("node {}: {}", n.id, n.connection_string);
+    }
+    save(dir, &file)
+}
+
+/// Removes a node from every shard, stops it, and sets its data aside so it can never rejoin.
+fn remove(dir: &Path, node: u64) -> Result<(), LauncherError> {
+    let mut file = read_cluster_file(dir)?;
+    let Some(pos) = file.nodes.iter().position(|n| n.id == node) else {
+        return Err(LauncherError::Usage(format!("node {node} is not in {}", dir.join("cluster.json").display())));
+    };
+    let r = call_any(&file, Some(node), hyper::Method::DELETE, &format!("/cluster/members/{node}"), Vec::new())?;
+    eprintln!("node {node} left {} shard(s)", r["shards"]);
+    let n = file.nodes.remove(pos);
+    if pid_alive(n.pid) {
+        signal(n.pid, "TERM");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pid_alive(n.pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if pid_alive(n.pid) {
+            signal(n.pid, "KILL");
+        }
+    }
+    let aside = n.data_dir.with_file_name(format!("data.removed-{}", crate::model::now_ms()));
+    std::fs::rename(&n.data_dir, &aside).map_err(io(format!("setting {} aside", n.data_dir.display())))?;
+    file.removed.push(node);
+    save(dir, &file)?;
+    eprintln!("node {node} stopped; its data is in {}", aside.display());
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use rustls::pki_types::ServerName;
 
@@ -46,6 +46,21 @@ pub async fn get(
     authorization: Option<&str>,
     timeout: Duration,
 ) -> Result<(u16, Vec<u8>), HttpsError> {
+    request(tls, addr, host, hyper::Method::GET, path, authorization, Vec::new(), timeout).await
+}
+
+/// Any method with a (possibly empty) JSON body.
+#[allow(clippy::too_many_arguments)]
+pub async fn request(
+    tls: Arc<rustls::ClientConfig>,
+    addr: std::net::SocketAddr,
+    host: &str,
+    method: hyper::Method,
+    path: &str,
+    authorization: Option<&str>,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<(u16, Vec<u8>), HttpsError> {
     let shown = addr.to_string();
     let work = async {
         let tcp = tokio::net::TcpStream::connect(addr)
@@ -61,11 +76,15 @@ pub async fn get(
             .await
             .map_err(|e| http(e.to_string()))?;
         tokio::spawn(conn);
-        let mut req = hyper::Request::get(path).header(hyper::header::HOST, format!("{host}:{}", addr.port()));
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, format!("{host}:{}", addr.port()))
+            .header(hyper::header::CONTENT_TYPE, "application/json");
         if let Some(a) = authorization {
             req = req.header(hyper::header::AUTHORIZATION, a);
         }
-        let req = req.body(Empty::<Bytes>::new()).map_err(|e| http(e.to_string()))?;
+        let req = req.body(Full::new(Bytes::from(body))).map_err(|e| http(e.to_string()))?;
         let resp = sender.send_request(req).await.map_err(|e| http(e.to_string()))?;
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await.map_err(|e| http(e.to_string()))?.to_bytes().to_vec();

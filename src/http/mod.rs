@@ -96,6 +96,42 @@ async fn cluster_status(
     Ok(ok_json(&body))
 }
 
+#[derive(serde::Deserialize)]
+struct NewMember {
+    id: u64,
+    addr: String,
+}
+
+/// `POST /cluster/members` `{"id", "addr"}`: adds a started node as a voter of every shard (learner
+/// first, until it has caught up), one shard at a time. Needs RegistryWrite (an operator policy).
+async fn add_member(
+    axum::extract::State(state): axum::extract::State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers, "cluster/members", Permission::RegistryWrite)?;
+    let m: NewMember = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::BadRequest(format!("body must be {{\"id\": <node id>, \"addr\": \"host:port\"}}: {e}")))?;
+    if m.id == 0 || !m.addr.contains(':') {
+        return Err(ApiError::BadRequest(format!("invalid member {} at '{}'", m.id, m.addr)));
+    }
+    let twins = state.twins()?;
+    let changed = twins.shards.change_members(Some(&m.addr), m.id).await?;
+    Ok(ok_json(&serde_json::json!({"node": m.id, "shards": changed})))
+}
+
+/// `DELETE /cluster/members/{node}`: removes a node from every shard's voters.
+async fn remove_member(
+    axum::extract::State(state): axum::extract::State<Shared>,
+    axum::extract::Path(node): axum::extract::Path<u64>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    state.authorize(&headers, "cluster/members", Permission::RegistryWrite)?;
+    let twins = state.twins()?;
+    let changed = twins.shards.change_members(None, node).await?;
+    Ok(ok_json(&serde_json::json!({"node": node, "shards": changed})))
+}
+
 pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/devices", get(registry::list_devices))
@@ -122,6 +158,8 @@ pub fn router(state: Shared) -> Router {
         .route("/health", get(|| async { json_response(StatusCode::OK, &serde_json::json!({"status": "ok"})) }))
         .route("/ready", get(ready))
         .route("/cluster/status", get(cluster_status))
+        .route("/cluster/members", axum::routing::post(add_member))
+        .route("/cluster/members/{node}", axum::routing::delete(remove_member))
         .route("/metrics", get(metrics::metrics_route))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

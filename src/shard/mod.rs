@@ -85,6 +85,28 @@ impl std::fmt::Debug for EventSink {
 /// How long `write` and `read` wait before answering `Timeout` (the request may still apply).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Transport call that changes a shard's voters on its leader: `postcard(MemberChange)` in,
+/// `postcard(Result<(), ShardError>)` out.
+pub const MEMBER_CALL: &str = "shard.member";
+
+/// A membership change of one shard, run on its leader.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub enum MemberChange {
+    Add { shard: ShardId, node: NodeId, addr: String },
+    Remove { shard: ShardId, node: NodeId },
+}
+
+impl MemberChange {
+    fn shard(&self) -> ShardId {
+        match self {
+            MemberChange::Add { shard, .. } | MemberChange::Remove { shard, .. } => *shard,
+        }
+    }
+}
+
+/// How long one shard's membership change may look for its leader and wait for a learner to catch up.
+const MEMBER_DEADLINE: Duration = Duration::from_secs(120);
+
 /// Name of the transport call that answers a shard's read index (`postcard(ShardId)` in,
 /// `postcard(Result<Option<u64>, ShardError>)` out).
 pub const READ_INDEX_CALL: &str = "shard.read-index";
@@ -178,6 +200,38 @@ impl Shard {
         let r: Result<Option<u64>, ShardError> =
             postcard::from_bytes(&answer).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
         r
+    }
+
+    /// Makes `node` a voter of this shard: first a learner that has caught up (blocking), then a voter,
+    /// one membership change at a time as openraft requires. Idempotent. Leader only.
+    pub async fn add_voter(&self, node: NodeId, addr: &str) -> Result<(), ShardError> {
+        let voters: Vec<NodeId> = self.raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
+        if voters.contains(&node) {
+            return Ok(());
+        }
+        let step = |r: Result<_, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>| match r {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(e)) => Err(write_error(self.id, e)),
+            Err(RaftError::Fatal(f)) => Err(fatal_error(self.id, &f)),
+        };
+        step(self.raft.add_learner(node, Node { addr: addr.to_string() }, true).await)?;
+        step(self.raft.change_membership(openraft::ChangeMembers::AddVoterIds([node].into()), false).await)
+    }
+
+    /// Removes `node` from this shard's voters (and from its learners). Idempotent. Leader only.
+    pub async fn remove_voter(&self, node: NodeId) -> Result<(), ShardError> {
+        let m = self.raft.metrics().borrow_watched().membership_config.clone();
+        let is_voter = m.membership().voter_ids().any(|v| v == node);
+        let is_learner = m.membership().learner_ids().any(|v| v == node);
+        if !is_voter && !is_learner {
+            return Ok(());
+        }
+        let r = self.raft.change_membership(openraft::ChangeMembers::RemoveVoters([node].into()), false).await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(e)) => Err(write_error(self.id, e)),
+            Err(RaftError::Fatal(f)) => Err(fatal_error(self.id, &f)),
+        }
     }
 
     /// The current leader as this replica knows it.
@@ -379,6 +433,51 @@ impl Shards {
         self.store.writer.sync_count()
     }
 
+    /// Adds `node` (reachable at `addr`) as a voter of every shard, or removes it, one shard and one
+    /// membership step at a time, each on the shard's current leader (here or over the transport).
+    /// Returns how many shards changed; stops at the first shard that fails.
+    pub async fn change_members(&self, add: Option<&str>, node: NodeId) -> Result<usize, ShardError> {
+        let mut changed = 0;
+        for s in &self.shards {
+            let change = match add {
+                Some(addr) => MemberChange::Add { shard: s.id, node, addr: addr.to_string() },
+                None => MemberChange::Remove { shard: s.id, node },
+            };
+            let deadline = std::time::Instant::now() + MEMBER_DEADLINE;
+            loop {
+                let r = match s.leader() {
+                    Some(l) if l == s.node_id => run_member_change(s, &change).await,
+                    Some(l) => remote_member_change(s, l, &change).await,
+                    None => Err(ShardError::NotLeader { shard: s.id, leader: None }),
+                };
+                match r {
+                    Ok(()) => break,
+                    Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            changed += 1;
+            tracing::info!(shard = s.id, node, add = add.is_some(), "membership changed");
+        }
+        Ok(changed)
+    }
+
+    /// Keeps the transport's peer table in step with the members every shard's membership names (a
+    /// follower never dials the other followers for Raft, but forwards writes to whichever leads).
+    pub fn learn_peers(&self) {
+        let Some(t) = self.shards.first().and_then(|s| s.transport.clone()) else { return };
+        for s in &self.shards {
+            let m = s.raft.metrics().borrow_watched().membership_config.clone();
+            for (id, node) in m.membership().nodes() {
+                if *id != s.node_id && !node.addr.is_empty() {
+                    t.peers().learn(*id, &node.addr);
+                }
+            }
+        }
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
         self.shards.first().map(|s| s.node_id).unwrap_or(0)
@@ -464,6 +563,23 @@ impl Shards {
     }
 }
 
+async fn run_member_change(s: &Shard, change: &MemberChange) -> Result<(), ShardError> {
+    match change {
+        MemberChange::Add { node, addr, .. } => s.add_voter(*node, addr).await,
+        MemberChange::Remove { node, .. } => s.remove_voter(*node).await,
+    }
+}
+
+async fn remote_member_change(s: &Shard, leader: NodeId, change: &MemberChange) -> Result<(), ShardError> {
+    let Some(t) = &s.transport else { return Err(ShardError::NotLeader { shard: s.id, leader: Some(leader) }) };
+    let body = postcard::to_allocvec(change).map_err(|e| ShardError::Fatal { shard: s.id, msg: e.to_string() })?;
+    let answer = t.call(leader, MEMBER_CALL, body.into(), Some(MEMBER_DEADLINE)).await.map_err(|e| {
+        tracing::debug!(shard = s.id, leader, "membership change on the leader: {e}");
+        ShardError::Timeout { shard: s.id }
+    })?;
+    postcard::from_bytes::<Result<(), ShardError>>(&answer).map_err(|e| ShardError::Fatal { shard: s.id, msg: e.to_string() })?
+}
+
 /// Answers peers' read-index requests for the shards of this node.
 fn register_read_index(t: &crate::cluster::transport::Transport, shards: &[Arc<Shard>]) {
     let by_id: Arc<BTreeMap<ShardId, Arc<Shard>>> = Arc::new(shards.iter().map(|s| (s.id, s.clone())).collect());
@@ -475,6 +591,21 @@ fn register_read_index(t: &crate::cluster::transport::Transport, shards: &[Arc<S
             let r = match by_id.get(&id) {
                 Some(s) => s.read_index().await,
                 None => Err(ShardError::NotLeader { shard: id, leader: None }),
+            };
+            postcard::to_allocvec(&r)
+                .map(bytes::Bytes::from)
+                .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+        }
+    });
+    let by_id: Arc<BTreeMap<ShardId, Arc<Shard>>> = Arc::new(shards.iter().map(|s| (s.id, s.clone())).collect());
+    t.handlers().register(MEMBER_CALL, move |_from, body: bytes::Bytes| {
+        let by_id = by_id.clone();
+        async move {
+            let change: MemberChange = postcard::from_bytes(&body)
+                .map_err(|e| crate::cluster::transport::CallError(format!("bad membership change: {e}")))?;
+            let r = match by_id.get(&change.shard()) {
+                Some(s) => run_member_change(s, &change).await,
+                None => Err(ShardError::NotLeader { shard: change.shard(), leader: None }),
             };
             postcard::to_allocvec(&r)
                 .map(bytes::Bytes::from)
