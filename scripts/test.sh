@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # twinhub's test command (README "Test it"; CI runs exactly this through .ci/run).
 #
-#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest) exist,
+#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest) and
+#      azure-iot-device 2.14.0 exist (a missing package is pip-installed into an existing venv),
 #   2. cargo build            (the debug `twinhub` binary the tests start),
 #   3. cargo test             (unit tests + integration tests against the real binary),
-#   4. pytest                 (the official Python service SDK against the real binary).
+#   4. pytest                 (the official Python service and device SDKs against the real binary).
 # Fails if any part fails. Works on a fresh machine; installs only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -13,7 +14,10 @@ step() { printf '\n==> [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { printf 'test.sh: %s\n' "$*" >&2; exit 1; }
 
 VENV=.venv
-PY_PKGS=(azure-iot-hub==2.7.0 six pytest)
+PY_PKGS=(azure-iot-hub==2.7.0 six pytest azure-iot-device==2.14.0)
+# What each package must import as (same order as PY_PKGS), and the exact versions the suites are written for.
+PY_IMPORTS=(azure.iot.hub six pytest azure.iot.device)
+PY_PINNED=(azure-iot-hub==2.7.0 azure-iot-device==2.14.0)
 
 is_py311() { "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' >/dev/null 2>&1; }
 
@@ -36,8 +40,12 @@ apt_install() {
 
 step "Python environment ($VENV)"
 command -v cargo >/dev/null 2>&1 || die "cargo not found: install the Rust toolchain first"
+pip_install() {
+  # uamqp is a native dependency of azure-iot-hub: insist on its prebuilt wheel (no source build).
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --only-binary uamqp "$@"
+}
 if ! [ -x "$VENV/bin/python" ] || ! is_py311 "$VENV/bin/python" \
-   || ! "$VENV/bin/python" -c 'import azure.iot.hub, pytest' >/dev/null 2>&1; then
+   || ! "$VENV/bin/python" -c 'import pip' >/dev/null 2>&1; then
   PY=$(find_python) || { apt_install python3.11 python3.11-venv; PY=$(find_python) || die "no Python 3.11 after install"; }
   echo "using $PY ($("$PY" --version))"
   rm -rf "$VENV"
@@ -47,11 +55,27 @@ if ! [ -x "$VENV/bin/python" ] || ! is_py311 "$VENV/bin/python" \
     "$PY" -m venv "$VENV"
   fi
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  # uamqp is a native dependency of azure-iot-hub: insist on its prebuilt wheel (no source build).
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --only-binary uamqp "${PY_PKGS[@]}"
+  pip_install "${PY_PKGS[@]}"
 fi
-"$VENV/bin/python" -c 'import azure.iot.hub, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
-  || die "the Python SDK does not import from $VENV"
+# An existing venv may lack a package (or hold another version of a pinned SDK): install only what is missing.
+missing=()
+for i in "${!PY_PKGS[@]}"; do
+  if ! "$VENV/bin/python" -c "import ${PY_IMPORTS[$i]}" >/dev/null 2>&1; then missing+=("${PY_PKGS[$i]}"); fi
+done
+for spec in "${PY_PINNED[@]}"; do
+  if ! "$VENV/bin/python" -c 'import sys; from importlib.metadata import version; n, v = sys.argv[1].split("=="); sys.exit(0 if version(n) == v else 1)' "$spec" >/dev/null 2>&1 \
+     && ! printf '%s\n' "${missing[@]}" | grep -qxF "$spec"; then
+    missing+=("$spec")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing into $VENV: ${missing[*]}"
+  pip_install "${missing[@]}"
+fi
+# The device-SDK suite severs device connections with `ss -K` (iproute2).
+command -v ss >/dev/null 2>&1 || apt_install iproute2
+"$VENV/bin/python" -c 'import azure.iot.hub, azure.iot.device, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| azure-iot-device", version("azure-iot-device"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
+  || die "the Python SDKs do not import from $VENV"
 
 step "cargo build"
 cargo build 2>&1
@@ -61,7 +85,7 @@ failed=()
 step "cargo test (unit + integration against the real binary)"
 cargo test --no-fail-fast 2>&1 || failed+=("cargo test")
 
-step "pytest: official azure-iot-hub service SDK against the real binary"
+step "pytest: official azure-iot-hub service SDK and azure-iot-device device SDK against the real binary"
 TWINHUB_BIN="$PWD/target/debug/twinhub" "$VENV/bin/python" -m pytest -v -p no:cacheprovider tests/python \
   || failed+=("pytest")
 

@@ -1,18 +1,12 @@
 """Conformance: the official, unmodified `azure-iot-hub` 2.7.0 service SDK against the real twinhub binary.
 
 The binary is taken from $TWINHUB_BIN (default: target/debug/twinhub relative to the repository root).
-It is started on a temporary data directory; the SDK trusts the generated CA through REQUESTS_CA_BUNDLE.
+It is started (conftest.py) on a temporary data directory with every listener on an ephemeral loopback
+port; the SDK trusts the generated CA through REQUESTS_CA_BUNDLE.
 A missing binary or SDK is a failure, never a skip.
 """
 
 import base64
-import os
-import pathlib
-import select
-import signal
-import subprocess
-import tempfile
-import time
 import uuid
 
 import pytest
@@ -21,89 +15,11 @@ from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import Twin, TwinProperties
 from msrest.exceptions import HttpOperationError
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-START_TIMEOUT = 90
-
-
-def _binary():
-    b = pathlib.Path(os.environ.get("TWINHUB_BIN", REPO / "target" / "debug" / "twinhub"))
-    if not b.is_absolute():
-        b = REPO / b
-    if not b.exists():
-        pytest.fail(f"twinhub binary not found at {b}: run `cargo build` first or set TWINHUB_BIN")
-    return b
-
-
-class Hub:
-    def __init__(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="twinhub-py-")
-        self.data_dir = pathlib.Path(self.tmp.name) / "data"
-        self.log_path = pathlib.Path(self.tmp.name) / "server.log"
-        self.log = open(self.log_path, "wb")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TWINHUB_")}
-        args = [str(_binary()), "serve", "--data-dir", str(self.data_dir),
-                "--http-listen", "127.0.0.1:0", "--hostname", "localhost"]
-        help_text = subprocess.run([str(_binary()), "serve", "--help"], capture_output=True, text=True).stdout
-        if "--mqtt-listen" in help_text:
-            args += ["--mqtt-listen", "127.0.0.1:0"]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env)
-        self.connection_string = self._read_line()
-        self.ca = self.data_dir / "tls" / "ca.pem"
-        if not self.ca.exists():
-            self.stop()
-            pytest.fail(f"server did not write its CA to {self.ca}")
-
-    def _read_line(self):
-        deadline = time.time() + START_TIMEOUT
-        buf = b""
-        fd = self.proc.stdout.fileno()
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"twinhub exited with {self.proc.returncode} before printing its connection "
-                            f"string:\n{self.stderr()}")
-            r, _, _ = select.select([fd], [], [], 0.2)
-            if not r:
-                continue
-            chunk = os.read(fd, 4096)
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                line = line.decode().strip()
-                if line.startswith("HostName="):
-                    return line
-        self.stop()
-        pytest.fail(f"twinhub printed no connection string within {START_TIMEOUT}s:\n{self.stderr()}")
-
-    def stderr(self):
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")[-8000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        self.tmp.cleanup()
-
 
 @pytest.fixture(scope="module")
-def hub():
-    h = Hub()
-    old = os.environ.get("REQUESTS_CA_BUNDLE")
-    os.environ["REQUESTS_CA_BUNDLE"] = str(h.ca)
-    try:
-        yield h
-    finally:
-        if old is None:
-            os.environ.pop("REQUESTS_CA_BUNDLE", None)
-        else:
-            os.environ["REQUESTS_CA_BUNDLE"] = old
-        h.stop()
+def hub(make_hub):
+    # Nothing may bind the default device/event ports (8883/8884): the device-SDK suite needs 8883.
+    return make_hub(["--mqtt-listen", "127.0.0.1:0", "--events-listen", "127.0.0.1:0"])
 
 
 @pytest.fixture(scope="module")
