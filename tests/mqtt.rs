@@ -909,3 +909,107 @@ async fn tls_1_2_connection_with_the_generated_ca() {
     assert_eq!(d.patch_reported(&json!({"tls": 1.2})).await.status, 204);
     wait_connection_state(&api, "tlsdev", "Connected").await;
 }
+
+/// RFC 7386 merge as a device applies a desired push: `null` deletes, objects merge recursively.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) else {
+        *target = patch.clone();
+        return;
+    };
+    for (k, v) in p {
+        if k.starts_with('$') {
+            continue;
+        }
+        if v.is_null() {
+            t.remove(k);
+        } else if v.is_object() && t.get(k).is_some_and(Value::is_object) {
+            merge_patch(t.get_mut(k).expect("checked"), v);
+        } else {
+            let mut fresh = json!({});
+            merge_patch(&mut fresh, v);
+            t.insert(k.clone(), if v.is_object() { fresh } else { v.clone() });
+        }
+    }
+}
+
+/// The coalescing check: 1,000 desired PATCHes to one twin in a burst while the device reads
+/// slowly (5 ms per message, QoS 1 so its acknowledgements pace the server) → far fewer pushes than
+/// patches, strictly increasing `$version`s, and the pushes applied in order equal the committed twin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_desired_patches_coalesces_for_a_slow_device() {
+    const PATCHES: usize = 1000;
+    const SENDERS: usize = 16;
+    let srv = Server::start_default();
+    let api = srv.owner();
+    let ident = new_device(&api, "burst-dev").await;
+    let (client, mut el) = AsyncClient::new(options(&srv, &ident, true), 64);
+    client.subscribe("$iothub/twin/PATCH/properties/desired/#", QoS::AtLeastOnce).await.expect("queue SUBSCRIBE");
+    let (tx, mut rx) = mpsc::unbounded_channel::<Option<(String, Vec<u8>)>>();
+    tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send(Some((p.topic.clone(), p.payload.to_vec())));
+                    // A slow device: the next packet (and the PUBACK of this one) waits.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = tx.send(None);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("slow device closed: {e}");
+                    return;
+                }
+            }
+        }
+    });
+    assert_eq!(tokio::time::timeout(WAIT, rx.recv()).await.expect("SUBACK in time"), Some(None), "first event is the SUBACK");
+    let start = api.must_get_twin("burst-dev").await;
+    let mut view = user_props(&start["properties"]["desired"]);
+    let start_version = desired_version(&start);
+
+    let api = Arc::new(api);
+    let mut senders = Vec::new();
+    for s in 0..SENDERS {
+        let api = api.clone();
+        senders.push(tokio::spawn(async move {
+            for i in (s..PATCHES).step_by(SENDERS) {
+                // Keys come and go (nulls) so that merging has deletions to carry.
+                let patch = json!({"properties": {"desired": {
+                    format!("k{s}"): i,
+                    "last": i,
+                    "gone": if i % 3 == 0 { Value::Null } else { json!({"at": i}) },
+                }}});
+                api.must_patch_twin("burst-dev", &patch).await;
+            }
+        }));
+    }
+    for s in senders {
+        s.await.expect("sender");
+    }
+    let committed = api.must_get_twin("burst-dev").await;
+    let final_version = desired_version(&committed);
+    assert_eq!(final_version, start_version + PATCHES as i64, "one desired $version per PATCH");
+
+    let mut versions = Vec::new();
+    while versions.last().copied() != Some(final_version) {
+        let ev = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("device never reached $version {final_version}; saw {versions:?}"));
+        let Some(Some((topic, payload))) = ev else { panic!("device connection ended after {versions:?}") };
+        let v: i64 = topic.split("?$version=").nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{topic}"));
+        let body: Value = serde_json::from_slice(&payload).expect("push is JSON");
+        assert_eq!(body["$version"], json!(v), "body $version matches the topic");
+        assert!(versions.last().is_none_or(|last| v > *last), "versions must strictly increase: {versions:?} then {v}");
+        merge_patch(&mut view, &body);
+        versions.push(v);
+    }
+    assert!(
+        versions.len() < PATCHES / 2,
+        "a slow device must get far fewer pushes than patches: {} pushes for {PATCHES} patches",
+        versions.len()
+    );
+    assert_eq!(view, user_props(&committed["properties"]["desired"]), "the device's view equals the committed desired");
+    eprintln!("{PATCHES} patches → {} pushes", versions.len());
+}
