@@ -2,9 +2,12 @@
 //! retried command (after a leader change, an MQTT DUP re-send) answers its first outcome instead of
 //! applying twice. FIFO by apply order, hence the same on every replica; part of the snapshot.
 //!
-//! Documents are not stored: ten thousand twin documents per shard would cost far more memory than the
-//! twins themselves. A duplicate of a successful write answers the entity's current document instead;
-//! errors and versions are stored exactly.
+//! Errors and versions are stored exactly. Ten thousand twin documents per shard would cost far more
+//! memory than the twins themselves, so the twin documents that writes answered are kept in a separate
+//! window bounded by bytes ([`RecentReplies`]): a retried twin write (a leader change, a forwarding
+//! timeout) answers exactly what the first attempt would have, with *its* `version` and `$version`,
+//! never a later document that another write produced. Only a retry arriving after that window has
+//! moved on gets the entity's current document.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
@@ -54,6 +57,58 @@ impl Dedupe {
     }
 }
 
+/// Bytes of reply documents a shard keeps for retries (4 MiB: thousands of typical twins, seconds of
+/// traffic even at the shard's peak rate, which is when leader changes make clients retry).
+pub const REPLY_BYTES: usize = 4 << 20;
+
+/// The twin documents the most recent twin writes answered, FIFO by apply order (so the same on every
+/// replica), bounded by [`REPLY_BYTES`] and by [`DEDUPE_WINDOW`] entries. Part of the snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Vec<(RequestId, serde_json::Value)>", into = "Vec<(RequestId, serde_json::Value)>")]
+pub struct RecentReplies {
+    order: VecDeque<(RequestId, usize)>,
+    docs: BTreeMap<RequestId, serde_json::Value>,
+    bytes: usize,
+}
+
+impl RecentReplies {
+    pub fn get(&self, id: &RequestId) -> Option<&serde_json::Value> {
+        self.docs.get(id)
+    }
+
+    pub fn remember(&mut self, id: RequestId, doc: serde_json::Value) {
+        let size = serde_json::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
+        if size > REPLY_BYTES {
+            return;
+        }
+        if self.docs.insert(id, doc).is_none() {
+            self.order.push_back((id, size));
+            self.bytes += size;
+        }
+        while self.bytes > REPLY_BYTES || self.order.len() > DEDUPE_WINDOW {
+            let Some((old, n)) = self.order.pop_front() else { break };
+            self.docs.remove(&old);
+            self.bytes = self.bytes.saturating_sub(n);
+        }
+    }
+}
+
+impl From<Vec<(RequestId, serde_json::Value)>> for RecentReplies {
+    fn from(v: Vec<(RequestId, serde_json::Value)>) -> RecentReplies {
+        let mut r = RecentReplies::default();
+        for (id, doc) in v {
+            r.remember(id, doc);
+        }
+        r
+    }
+}
+
+impl From<RecentReplies> for Vec<(RequestId, serde_json::Value)> {
+    fn from(mut r: RecentReplies) -> Self {
+        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d))).collect()
+    }
+}
+
 impl From<Vec<(RequestId, Remembered)>> for Dedupe {
     fn from(v: Vec<(RequestId, Remembered)>) -> Dedupe {
         let mut d = Dedupe::default();
@@ -73,6 +128,19 @@ impl From<Dedupe> for Vec<(RequestId, Remembered)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_are_bounded_by_bytes_and_round_trip() {
+        let mut r = RecentReplies::default();
+        let doc = serde_json::json!({"pad": "x".repeat(1 << 20)});
+        for i in 0..6u128 {
+            r.remember(RequestId(i), doc.clone());
+        }
+        assert!(r.get(&RequestId(0)).is_none() && r.get(&RequestId(1)).is_none(), "oldest evicted");
+        assert_eq!(r.get(&RequestId(5)), Some(&doc));
+        let back: RecentReplies = Vec::from(r.clone()).into();
+        assert_eq!(back, r);
+    }
 
     #[test]
     fn window_is_fifo_and_bounded() {

@@ -26,7 +26,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use dedupe::{Dedupe, Remembered};
+use dedupe::{Dedupe, RecentReplies, Remembered};
 use registry::DeviceEntry;
 
 use crate::ids::TwinId;
@@ -100,6 +100,10 @@ pub struct ShardState {
     etag_seq: u64,
     /// Recent outcomes by request id (at-most-once).
     dedupe: Dedupe,
+    /// The documents recent twin writes answered, so a retry answers the same (absent in snapshots
+    /// taken before it existed).
+    #[serde(default)]
+    replies: RecentReplies,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -118,7 +122,11 @@ impl ShardState {
     /// again and changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
         if let Some(first) = self.dedupe.get(&cmd.request_id) {
-            return Applied { result: self.recall(first), events: Vec::new() };
+            let result = match (first, self.replies.get(&cmd.request_id)) {
+                (Remembered::Twin(_), Some(doc)) => Ok(Reply::Twin(doc.clone())),
+                _ => self.recall(first),
+            };
+            return Applied { result, events: Vec::new() };
         }
         let mut events = Vec::new();
         let result = self.apply_op(cmd, &mut events);
@@ -139,11 +147,15 @@ impl ShardState {
                 _ => Remembered::Done,
             },
         };
+        if let (Remembered::Twin(_), Ok(Reply::Twin(doc))) = (&remembered, &result) {
+            self.replies.remember(cmd.request_id, doc.clone());
+        }
         self.dedupe.remember(cmd.request_id, remembered);
         Applied { result, events }
     }
 
-    /// The answer to a duplicate: stored errors and versions exactly, documents as they are now.
+    /// The answer to a duplicate: stored errors and versions exactly; documents as they are now (twin
+    /// writes are answered from `replies` first, see `apply`).
     fn recall(&self, first: &Remembered) -> Result<Reply, TwinError> {
         match first {
             Remembered::Err(e) => Err(e.clone()),

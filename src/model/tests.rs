@@ -517,6 +517,27 @@ fn duplicate_request_id_answers_first_outcome_without_reapplying() {
     assert_eq!(f.state.apply(&c).result, first.result);
 }
 
+/// A retry that arrives after another write (a leader change between the two attempts) answers the
+/// document the first attempt produced, not the later one: two acknowledged writes never share a
+/// `$version`.
+#[test]
+fn retried_twin_write_answers_its_own_document_after_later_writes() {
+    let mut f = Fixture::with_device("d1");
+    let first_cmd = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"w": 1}}}).to_string(), if_match: None });
+    let first = f.state.apply(&first_cmd);
+    let later = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"w": 2}}}).to_string(), if_match: None });
+    let later = f.state.apply(&later);
+    let retry = f.state.apply(&first_cmd);
+    assert_eq!(retry.result, first.result, "the retry answers the first attempt's document");
+    assert_ne!(retry.result, later.result);
+    let Ok(Reply::Twin(doc)) = &retry.result else { panic!("{:?}", retry.result) };
+    assert_eq!(doc["properties"]["desired"]["$version"], json!(2));
+    assert_eq!(f.twin(&dev())["properties"]["desired"]["$version"], json!(3), "applied once each");
+    // And the same after a snapshot round trip (a new leader may have installed one).
+    let state = ShardState::decode_snapshot(&f.state.encode_snapshot()).expect("decode");
+    assert_eq!(state.clone().apply(&first_cmd).result, first.result);
+}
+
 // ---------------------------------------------------------------- events
 
 #[test]
