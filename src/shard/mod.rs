@@ -157,8 +157,14 @@ impl Shard {
     /// leader's read index fetched over the transport, then a wait until this replica has applied up to
     /// it (so any replica answers what a majority has committed, without moving the request).
     pub async fn read<R>(&self, f: impl FnOnce(&ShardState) -> R) -> Result<R, ShardError> {
+        self.linearize().await?;
+        Ok(self.read_local(f))
+    }
+
+    /// Waits until a read of this replica's applied state is linearizable (see [`Shard::read`]).
+    pub async fn linearize(&self) -> Result<(), ShardError> {
         match self.read_index().await {
-            Ok(_) => Ok(self.read_local(f)),
+            Ok(_) => Ok(()),
             Err(ShardError::NotLeader { leader: Some(leader), .. }) if leader != self.node_id && self.transport.is_some() => {
                 let index = self.remote_read_index(leader).await?;
                 if let Some(index) = index {
@@ -168,7 +174,7 @@ impl Shard {
                         .await
                         .map_err(|_| ShardError::Timeout { shard: self.id })?;
                 }
-                Ok(self.read_local(f))
+                Ok(())
             }
             Err(e) => Err(e),
         }

@@ -92,7 +92,7 @@ impl Twins {
                 Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if Instant::now() < deadline => {
                     metrics::counter!("twinhub_route_retries_total").increment(1);
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(250));
+                    pause = (pause * 2).min(Duration::from_millis(100));
                 }
                 other => return other,
             }
@@ -115,8 +115,25 @@ impl Twins {
     }
 
     /// A linearizable read of the shard owning `device_id`.
+    /// In a cluster it waits out a leader change (election, leadership transfer) like writes do.
     pub async fn read<R>(&self, device_id: &str, f: impl FnOnce(&ShardState) -> R) -> Result<R, ShardError> {
-        self.shards.for_device(device_id).read(f).await
+        let shard = self.shards.for_device(device_id);
+        if self.transport.is_none() {
+            return shard.read(f).await;
+        }
+        let deadline = Instant::now() + ROUTE_DEADLINE;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match shard.linearize().await {
+                Ok(()) => return Ok(shard.read_local(f)),
+                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if Instant::now() < deadline => {
+                    metrics::counter!("twinhub_route_read_retries_total").increment(1);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Number of live twin actors (metrics).
