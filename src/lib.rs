@@ -18,9 +18,11 @@
 //! - [`mqtt`]: the device MQTT front door (`$iothub/twin/...`), one identity per connection.
 //! - [`http`]: the HTTPS service API (registry and twins, `GET /twin-changes`), IoT Hub's error bodies.
 //! - [`node`]: owns everything a process runs; start and graceful shutdown.
+//! - [`chaos`]: the chaos suite's pure history checker: versions, linearizability (WGL), lost writes, pushes.
 //! - [`cli`]: `twinhub serve` and its configuration (flags, `TWINHUB_*` variables, TOML).
 
 pub mod auth;
+pub mod chaos;
 pub mod cli;
 pub mod cluster;
 pub mod http;
