@@ -116,18 +116,17 @@ impl Node {
         };
         let hub = Hub::new(HubConfig::new(&config.hostname));
 
-        let shards = Arc::new(
-            Shards::open(ShardsConfig {
-                data_dir: dir.clone(),
-                node_id: config.node_id,
-                shard_count: config.shard_count,
-                snapshot_every: config.snapshot_every,
-                events: Some(hub.sink()),
-                transport: transport.clone(),
-                members: config.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
-            })
-            .await?,
-        );
+        let shards = Shards::open(ShardsConfig {
+            data_dir: dir.clone(),
+            node_id: config.node_id,
+            shard_count: config.shard_count,
+            snapshot_every: config.snapshot_every,
+            events: Some(hub.sink()),
+            transport: transport.clone(),
+            members: config.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
+        })
+        .await?;
+        shards.serve_reconciler_calls();
         let twins = Twins::new(shards.clone(), TwinsConfig::default(), transport);
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
@@ -157,6 +156,7 @@ impl Node {
             }
         }));
         tasks.push(tokio::spawn(shard_metrics(shards.clone(), stop.clone())));
+        tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
             .map_err(|source| NodeError::DataDir { path: dir.join("listen.json").display().to_string(), source })?;
@@ -195,20 +195,35 @@ impl Node {
 
 /// Publishes every shard's Raft state as Prometheus gauges once a second (term, last log, commit and
 /// apply index, leadership) and counts the leader changes this node observes.
+/// Moves this node's share of the cluster towards the cluster map, twice a second.
+async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
+    let mut r = crate::shard::reconcile::Reconciler::default();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = shards.reconcile(&mut r) => {}
+        }
+    }
+}
+
+/// Per-shard gauges of the replicas this node hosts (and of the metadata group as shard `meta`).
 async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
-    let mut leaders: Vec<Option<u64>> = vec![None; shards.shard_count() as usize];
+    let mut leaders: std::collections::HashMap<String, Option<u64>> = Default::default();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        shards.learn_peers();
-        if shards.ready() {
-            shards.balance_leaders().await;
-        }
-        for st in shards.status() {
-            let shard = st.shard.to_string();
+        let meta = shards.meta_status().map(|m| ("meta".to_string(), m));
+        let hosted = shards.status().into_iter().map(|s| (s.shard.to_string(), s));
+        for (shard, st) in hosted.chain(meta) {
             metrics::gauge!("twinhub_shard_term", "shard" => shard.clone()).set(st.term as f64);
             metrics::gauge!("twinhub_shard_last_log_index", "shard" => shard.clone()).set(st.last_log_index as f64);
             metrics::gauge!("twinhub_shard_commit_index", "shard" => shard.clone()).set(st.committed as f64);
@@ -216,19 +231,15 @@ async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
             metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader { 1.0 } else { 0.0 });
             let max_lag = st.lag.values().copied().max().unwrap_or(0);
             metrics::gauge!("twinhub_shard_max_replica_lag", "shard" => shard.clone()).set(max_lag as f64);
-            if let Some(prev) = leaders.get_mut(st.shard as usize) {
-                if *prev != st.leader {
-                    if prev.is_some() {
-                        metrics::counter!("twinhub_shard_leader_changes_total", "shard" => shard).increment(1);
-                    }
-                    *prev = st.leader;
-                }
+            let prev = leaders.entry(shard.clone()).or_insert(st.leader);
+            if *prev != st.leader {
+                metrics::counter!("twinhub_shard_leader_changes_total", "shard" => shard).increment(1);
+                *prev = st.leader;
             }
         }
     }
 }
 
-/// `twinhub serve`: start, print the connection string, run until SIGTERM or SIGINT, shut down.
 pub async fn run(config: Config) -> Result<(), NodeError> {
     let node = Node::start(config).await?;
     {

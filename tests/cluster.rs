@@ -17,12 +17,11 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::cluster::*;
 use common::*;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
@@ -30,407 +29,11 @@ use tokio::sync::mpsc;
 
 const SHARDS: u32 = 4;
 /// Generous: debug builds on a shared 2-core machine.
-const WAIT: Duration = Duration::from_secs(120);
 const MQTT_WAIT: Duration = Duration::from_secs(30);
 
 /// One cluster at a time: three nodes each is all two cores should carry. (An async mutex: each test
 /// has its own runtime, and a test that panics releases it without poisoning.)
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-// ---------------------------------------------------------------------------------------------------
-// The cluster harness
-
-#[derive(Clone, Debug)]
-struct Node {
-    id: u64,
-    pid: u32,
-    http: SocketAddr,
-    mqtt_plain: SocketAddr,
-    config: PathBuf,
-    log: PathBuf,
-}
-
-/// A local cluster started with `twinhub cluster up`; SIGKILLs all its nodes on drop.
-struct Cluster {
-    root: Option<tempfile::TempDir>,
-    dir: PathBuf,
-    owner_key: String,
-    ca_pem: Vec<u8>,
-    shard_count: u32,
-    nodes: Vec<Node>,
-    /// Nodes restarted by the test (`twinhub serve --config`), our own children.
-    restarted: Vec<Child>,
-}
-
-fn pid_alive(pid: u32) -> bool {
-    // A zombie (killed, not yet reaped by whoever inherited it) still has a /proc entry.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-/// SIGKILL `pid` if it still runs twinhub (never a recycled pid of something else).
-fn kill9(pid: u32) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    if pid == 0 || !String::from_utf8_lossy(&cmdline).contains("twinhub") {
-        return;
-    }
-    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
-}
-
-fn file_tail(path: &std::path::Path, bytes: usize) -> String {
-    let s = std::fs::read(path).unwrap_or_default();
-    let s = String::from_utf8_lossy(&s);
-    let start = s.len().saturating_sub(bytes);
-    let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
-    s[start..].to_string()
-}
-
-impl Cluster {
-    /// `twinhub cluster up --nodes N --shard-count S` in a fresh temporary directory.
-    fn up(nodes: u32, shards: u32) -> Cluster {
-        let root = tempfile::Builder::new().prefix("twinhub-cluster-").tempdir().expect("create temp dir");
-        let dir = root.path().join("cluster");
-        // The guard exists before anything starts, so a half-started cluster is stopped too.
-        let mut c = Cluster {
-            root: Some(root),
-            dir: dir.clone(),
-            owner_key: String::new(),
-            ca_pem: Vec::new(),
-            shard_count: shards,
-            nodes: Vec::new(),
-            restarted: Vec::new(),
-        };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
-        cmd.args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()])
-            .arg("--dir")
-            .arg(&dir)
-            .args(["--timeout", "180"]);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        // The nodes inherit these.
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
-        let out = cmd.output().expect("run twinhub cluster up");
-        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(
-            out.status.success(),
-            "twinhub cluster up failed ({}):\n{stdout}\n{stderr}\n{}",
-            out.status,
-            c.logs_tail()
-        );
-        let file = c.cluster_file();
-        c.owner_key = file["owner_key"].as_str().expect("cluster.json: owner_key").to_string();
-        assert_eq!(file["hostname"], "localhost", "cluster.json: hostname");
-        assert_eq!(file["shard_count"], shards, "cluster.json: shard_count");
-        let ca = file["ca"].as_str().expect("cluster.json: ca");
-        c.ca_pem = std::fs::read(ca).unwrap_or_else(|e| panic!("cannot read the cluster CA {ca}: {e}"));
-        let entries = file["nodes"].as_array().expect("cluster.json: nodes");
-        assert_eq!(entries.len(), nodes as usize, "cluster.json lists every node: {file}");
-        for (i, n) in entries.iter().enumerate() {
-            let addr = |k: &str| -> SocketAddr {
-                let a = n[k].as_str().unwrap_or_else(|| panic!("cluster.json: node {i} without {k}: {n}"));
-                a.parse().unwrap_or_else(|_| panic!("cluster.json: node {i}: {k} {a} is not ADDR:PORT"))
-            };
-            let path = |k: &str| PathBuf::from(n[k].as_str().unwrap_or_else(|| panic!("cluster.json: node {i} without {k}")));
-            let node = Node {
-                id: n["id"].as_u64().expect("node id"),
-                pid: n["pid"].as_u64().expect("node pid") as u32,
-                http: addr("http"),
-                mqtt_plain: addr("mqtt_plain"),
-                config: path("config"),
-                log: path("log"),
-            };
-            for k in ["mqtt", "events", "cluster"] {
-                assert!(addr(k).ip().is_loopback(), "node {}: {k} must be on loopback", node.id);
-            }
-            assert!(path("data_dir").is_dir(), "node {}: data_dir must exist", node.id);
-            assert!(node.config.is_file(), "node {}: config file must exist", node.id);
-            assert_eq!(node.id, i as u64 + 1, "node ids are 1..=N in order");
-            assert!(pid_alive(node.pid), "node {} (pid {}) is not running", node.id, node.pid);
-            let cs = n["connection_string"].as_str().unwrap_or("");
-            let parsed = parse_connection_string(cs);
-            assert_eq!(parsed.get("HostName"), Some(&format!("localhost:{}", node.http.port())), "node {}: {cs}", node.id);
-            assert_eq!(parsed.get("SharedAccessKey"), Some(&c.owner_key), "node {}: {cs}", node.id);
-            assert!(
-                stdout.contains(&format!("node {}: {cs}", node.id)),
-                "cluster up must print node {}'s connection string; stdout:\n{stdout}",
-                node.id
-            );
-            c.nodes.push(node);
-        }
-        eprintln!("cluster of {nodes} nodes up in {}", dir.display());
-        c
-    }
-
-    fn cluster_file(&self) -> Value {
-        let path = self.dir.join("cluster.json");
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", path.display()))
-    }
-
-    fn node(&self, id: u64) -> &Node {
-        self.nodes.iter().find(|n| n.id == id).unwrap_or_else(|| panic!("no node {id}"))
-    }
-
-    fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| n.id).collect()
-    }
-
-    fn http_client(&self, id: u64, timeout: Duration) -> reqwest::Client {
-        let ca = reqwest::Certificate::from_pem(&self.ca_pem).expect("parse the cluster CA");
-        reqwest::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .https_only(true)
-            .resolve("localhost", self.node(id).http)
-            .timeout(timeout)
-            .build()
-            .expect("build reqwest client")
-    }
-
-    /// An iothubowner client of node `id` (the token's `sr` is that node's `localhost:PORT`).
-    fn api_with_timeout(&self, id: u64, timeout: Duration) -> Api {
-        let port = self.node(id).http.port();
-        Api {
-            http: self.http_client(id, timeout),
-            base_url: format!("https://localhost:{port}"),
-            host_name: format!("localhost:{port}"),
-            auth: Auth::Policy { name: "iothubowner".into(), key: self.owner_key.clone() },
-        }
-    }
-
-    fn api(&self, id: u64) -> Api {
-        self.api_with_timeout(id, Duration::from_secs(60))
-    }
-
-    /// Node `id`'s `/cluster/status`, or `None` if it does not answer 200.
-    async fn status(&self, id: u64) -> Option<Value> {
-        let api = self.api_with_timeout(id, Duration::from_secs(5));
-        match api.try_send("GET", "/cluster/status", None, &[]).await {
-            Ok(r) if r.status == 200 => r.json.clone(),
-            _ => None,
-        }
-    }
-
-    async fn shard_status(&self, id: u64, shard: u32) -> Option<Value> {
-        let st = self.status(id).await?;
-        st["shards"].as_array()?.iter().find(|s| s["shard"] == shard).cloned()
-    }
-
-    /// The leader of `shard` that every live node agrees on (and that says it leads), with its term.
-    async fn agreed_leader(&self, shard: u32, live: &[u64]) -> Option<(u64, u64)> {
-        let mut leader = None;
-        for id in live {
-            let s = self.shard_status(*id, shard).await?;
-            let l = s["leader"].as_u64()?;
-            if leader.is_some_and(|x| x != l) {
-                return None;
-            }
-            leader = Some(l);
-        }
-        let l = leader?;
-        let s = self.shard_status(l, shard).await?;
-        (s["is_leader"] == true).then(|| (l, s["term"].as_u64().unwrap_or(0)))
-    }
-
-    /// Waits for a leader of `shard` that every node in `live` agrees on and that holds for `stable`.
-    async fn settled_leader(&self, shard: u32, live: &[u64], stable: Duration) -> (u64, u64) {
-        let deadline = Instant::now() + WAIT;
-        let mut since: Option<(u64, Instant)> = None;
-        loop {
-            match self.agreed_leader(shard, live).await {
-                Some((l, term)) => match since {
-                    Some((prev, t)) if prev == l => {
-                        if t.elapsed() >= stable {
-                            return (l, term);
-                        }
-                    }
-                    _ => since = Some((l, Instant::now())),
-                },
-                None => since = None,
-            }
-            assert!(Instant::now() < deadline, "shard {shard}: no leader agreed by nodes {live:?} within {WAIT:?}\n{}", self.logs_tail());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Waits until leadership has settled on every shard: all nodes agree on each leader and it is the
-    /// shard's preferred node (the leader balancer is done), or the leaders stayed unchanged for 5 s.
-    /// Reads are not retried across a leadership transfer (they answer 503 meanwhile; see the report),
-    /// so tests that read start from a settled cluster.
-    async fn settle_leadership(&self) {
-        let ids = self.ids();
-        let preferred = twinhub::cluster::placement::Placement::initial(&ids, self.shard_count, ids.len());
-        let deadline = Instant::now() + WAIT;
-        let mut stable: Option<(Vec<u64>, Instant)> = None;
-        loop {
-            let mut leaders = Vec::new();
-            for shard in 0..self.shard_count {
-                match self.agreed_leader(shard, &ids).await {
-                    Some((l, _)) => leaders.push(l),
-                    None => break,
-                }
-            }
-            if leaders.len() == self.shard_count as usize {
-                let on_preferred = leaders.iter().enumerate().all(|(s, l)| preferred.shards.get(s).is_some_and(|p| p.leader == *l));
-                match &stable {
-                    Some((prev, since)) if *prev == leaders => {
-                        if (on_preferred && since.elapsed() >= Duration::from_millis(500)) || since.elapsed() >= Duration::from_secs(5) {
-                            return;
-                        }
-                    }
-                    _ => stable = Some((leaders, Instant::now())),
-                }
-            } else {
-                stable = None;
-            }
-            assert!(Instant::now() < deadline, "leadership did not settle within {WAIT:?}\n{}", self.logs_tail());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn is_ready(&self, id: u64) -> bool {
-        let http = self.http_client(id, Duration::from_secs(3));
-        let url = format!("https://localhost:{}/ready", self.node(id).http.port());
-        matches!(http.get(url).send().await, Ok(r) if r.status().as_u16() == 200)
-    }
-
-    async fn wait_ready(&self, id: u64) {
-        let deadline = Instant::now() + WAIT;
-        while !self.is_ready(id).await {
-            assert!(pid_alive(self.node(id).pid), "node {id} exited before it was ready\n{}", self.logs_tail());
-            assert!(Instant::now() < deadline, "node {id} not ready within {WAIT:?}\n{}", self.logs_tail());
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// SIGKILL node `id` and wait until it is gone.
-    fn kill9(&self, id: u64) {
-        let pid = self.node(id).pid;
-        assert!(pid_alive(pid), "node {id} (pid {pid}) is not running before the kill");
-        kill9(pid);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while pid_alive(pid) {
-            assert!(Instant::now() < deadline, "node {id} (pid {pid}) still alive 30 s after SIGKILL");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// `twinhub serve --config <node's config>`, logging where `cluster up` logged; records the new pid
-    /// here and in cluster.json.
-    fn restart(&mut self, id: u64) {
-        let node = self.node(id).clone();
-        assert!(!pid_alive(node.pid), "node {id} still runs");
-        let open = |p: PathBuf| std::fs::OpenOptions::new().create(true).append(true).open(&p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
-        cmd.arg("serve").arg("--config").arg(&node.config);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(open(node.log.with_extension("stdout")))
-            .stderr(open(node.log.clone()));
-        let child = cmd.spawn().expect("spawn twinhub serve");
-        let pid = child.id();
-        self.restarted.push(child);
-        self.nodes.iter_mut().find(|n| n.id == id).expect("node").pid = pid;
-        let mut file = self.cluster_file();
-        for n in file["nodes"].as_array_mut().expect("nodes") {
-            if n["id"] == id {
-                n["pid"] = json!(pid);
-            }
-        }
-        std::fs::write(self.dir.join("cluster.json"), serde_json::to_vec_pretty(&file).unwrap()).expect("update cluster.json");
-        eprintln!("node {id} restarted as pid {pid}");
-    }
-
-    /// No node log reports a panic.
-    fn assert_no_panics(&self) {
-        for n in &self.nodes {
-            let log = String::from_utf8_lossy(&std::fs::read(&n.log).unwrap_or_default()).to_string();
-            if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
-                panic!("node {} panicked: {line}\n{}", n.id, self.logs_tail());
-            }
-        }
-    }
-
-    fn logs_tail(&self) -> String {
-        let mut out = String::new();
-        let mut logs: Vec<(String, PathBuf)> = self.nodes.iter().map(|n| (format!("node {}", n.id), n.log.clone())).collect();
-        if logs.is_empty() {
-            for i in 1..=9 {
-                let p = self.dir.join(format!("node-{i}")).join("twinhub.log");
-                if p.exists() {
-                    logs.push((format!("node {i}"), p));
-                }
-            }
-        }
-        for (name, p) in logs {
-            out.push_str(&format!("--- {name}: {} (tail) ---\n{}\n", p.display(), file_tail(&p, 4096)));
-        }
-        out
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let mut pids: Vec<u32> = self.nodes.iter().map(|n| n.pid).collect();
-        if let Ok(text) = std::fs::read_to_string(self.dir.join("cluster.json")) {
-            if let Ok(v) = serde_json::from_str::<Value>(&text) {
-                pids.extend(v["nodes"].as_array().into_iter().flatten().filter_map(|n| n["pid"].as_u64()).map(|p| p as u32));
-            }
-        }
-        for pid in pids {
-            kill9(pid);
-        }
-        for c in &mut self.restarted {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("{}", self.logs_tail());
-            if let Some(root) = self.root.take() {
-                let kept = root.keep();
-                eprintln!("cluster directory kept for inspection: {}", kept.display());
-            }
-        }
-    }
-}
-
-/// The first id `{prefix}{i}` that hashes to `shard`, skipping ids in `taken`.
-fn device_on_shard(prefix: &str, shard: u32, shard_count: u32, taken: &mut HashSet<String>) -> String {
-    (0..)
-        .map(|i| format!("{prefix}{i}"))
-        .find(|id| twinhub::ids::shard_of(id, shard_count) == shard && taken.insert(id.clone()))
-        .expect("some id hashes to every shard")
-}
-
-fn permutations(ids: &[u64]) -> Vec<Vec<u64>> {
-    if ids.len() <= 1 {
-        return vec![ids.to_vec()];
-    }
-    let mut out = Vec::new();
-    for (i, first) in ids.iter().enumerate() {
-        let mut rest = ids.to_vec();
-        rest.remove(i);
-        for mut p in permutations(&rest) {
-            p.insert(0, *first);
-            out.push(p);
-        }
-    }
-    out
-}
 
 // ---------------------------------------------------------------------------------------------------
 // HTTP front doors
@@ -1042,4 +645,196 @@ async fn sigkill_of_a_shard_leader_under_load_loses_no_acknowledged_write() {
         acks.len(),
         violations.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Five nodes: three replicas per shard, every front door serves every shard
+
+/// Nodes whose `/cluster/status` lists a replica of `shard`.
+async fn hosts_of(c: &Cluster, shard: u32) -> Vec<u64> {
+    let mut out = Vec::new();
+    for id in c.ids() {
+        let st = c.status(id).await.unwrap_or_else(|| panic!("node {id}: no status"));
+        if st["shards"].as_array().is_some_and(|a| a.iter().any(|s| s["shard"] == shard)) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_keep_three_replicas_per_shard_and_any_node_serves_any_twin() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const S: u32 = 5;
+    let c = Cluster::up(5, S);
+    let ids = c.ids();
+    c.wait_converged(WAIT).await;
+    c.settle_leadership().await;
+
+    // Exactly three replicas per shard, on the nodes the map names, and the load spread evenly.
+    let mut load: BTreeMap<u64, usize> = ids.iter().map(|id| (*id, 0)).collect();
+    let mut outside: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for shard in 0..S {
+        let target = c.target_replicas(shard).await;
+        assert_eq!(target.len(), 3, "shard {shard}: the map places 3 replicas: {target:?}");
+        let hosts = hosts_of(&c, shard).await;
+        assert_eq!(hosts, target, "shard {shard}: hosted exactly on its target replicas");
+        let (leader, _) = c.settled_leader(shard, &ids, Duration::ZERO).await;
+        let st = c.shard_status(leader, shard).await.expect("leader status");
+        assert_eq!(st["voters"], json!(target), "shard {shard}: voters");
+        for h in &hosts {
+            *load.get_mut(h).expect("node") += 1;
+        }
+        outside.insert(shard, ids.iter().copied().filter(|id| !hosts.contains(id)).collect());
+    }
+    assert!(load.values().all(|l| *l == 3), "5 shards × 3 replicas over 5 nodes: 3 each, got {load:?}");
+
+    // HTTP: create through one node, patch through another, read through every node — including the
+    // two that hold no replica of the twin's shard.
+    let mut taken = HashSet::new();
+    for shard in 0..S {
+        let dev = device_on_shard("five-", shard, S, &mut taken);
+        let far = &outside[&shard];
+        c.api(far[0]).must_create_device(&dev).await;
+        let t = c.api(far[1]).must_patch_twin(&dev, &json!({"tags": {"shard": shard}, "properties": {"desired": {"x": shard}}})).await;
+        for id in &ids {
+            let g = c.api(*id).must_get_twin(&dev).await;
+            assert_eq!(twin_state(&g), twin_state(&t), "{dev} (shard {shard}) read through node {id}");
+        }
+    }
+
+    // MQTT: a device connected to a node that holds no replica of its shard reports through it and
+    // receives the desired patches made through the other such node (events tailed from a replica).
+    let mut taken = HashSet::new();
+    for shard in 0..S {
+        let far = outside[&shard].clone();
+        let dev = device_on_shard("five-mq-", shard, S, &mut taken);
+        let doc = c.api(far[1]).must_create_device(&dev).await;
+        let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("key").to_string();
+        let mut d = Dev::connect(c.node(far[0]).mqtt_plain, &dev, &key).await;
+        d.subscribe("$iothub/twin/res/#").await;
+        d.subscribe("$iothub/twin/PATCH/properties/desired/#").await;
+        let (st, topic, _) = d.request("$iothub/twin/PATCH/properties/reported/", json!({"shard": shard}).to_string()).await;
+        assert_eq!(st, 204, "{dev}: reported patch through node {}: {topic}", far[0]);
+        let t = c.api(far[1]).must_get_twin(&dev).await;
+        assert_eq!(t["properties"]["reported"]["shard"], shard, "{dev}: {t}");
+        let t = c.api(far[1]).must_patch_twin(&dev, &json!({"properties": {"desired": {"sp": shard}}})).await;
+        let dv = desired_version(&t);
+        let (pv, push) = d
+            .desired_push()
+            .await
+            .unwrap_or_else(|| panic!("{dev}: no push on node {} (no replica of shard {shard})\n{}", far[0], c.logs_tail()));
+        assert_eq!(pv, dv, "{dev}: pushed $version");
+        assert_eq!(push, json!({"sp": shard, "$version": dv}), "{dev}: pushed patch");
+        let _ = d.client.disconnect().await;
+    }
+    c.assert_no_panics();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Membership under load
+
+/// Consecutive acknowledged writes of one writer on a twin nobody else writes: the desired `$version`
+/// advances by at most the number of writes sent in between (exactly 1 when none was lost in
+/// flight), so a write applied twice shows up as a gap no send accounts for.
+fn duplicate_applies(outcomes: &[WriterOutcome]) -> Vec<String> {
+    let mut out = Vec::new();
+    for o in outcomes {
+        for pair in o.acks.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let sends = (b.seq - a.seq) as i64;
+            let advance = b.desired_version - a.desired_version;
+            if advance > sends {
+                out.push(format!(
+                    "writer {}: seq {} → {} ({sends} send(s)) advanced desired $version {} → {} (applied twice?)",
+                    o.writer, a.seq, b.seq, a.desired_version, b.desired_version
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_and_another_leaves_while_writes_run() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const W: usize = 4;
+    let mut c = Cluster::up(3, SHARDS);
+    c.settle_leadership().await;
+
+    // One twin per writer (so duplicate applies are visible), spread over every shard.
+    let mut taken = HashSet::new();
+    let twins: Vec<String> = (0..W).map(|w| device_on_shard("mv-", w as u32 % SHARDS, SHARDS, &mut taken)).collect();
+    for t in &twins {
+        c.api(1).must_create_device(t).await;
+    }
+    // Writers go through nodes 2 and 3, which stay throughout (node 1 leaves, node 4 joins).
+    let apis: Arc<BTreeMap<u64, Api>> = Arc::new([2u64, 3].iter().map(|id| (*id, c.api_with_timeout(*id, Duration::from_secs(15)))).collect());
+    let shared = Arc::new(Shared {
+        victim: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        killed_at: OnceLock::new(),
+        acks: (0..W).map(|_| AtomicU64::new(0)).collect(),
+        acks_after_kill: (0..W).map(|_| AtomicU64::new(0)).collect(),
+    });
+    let tasks: Vec<_> = (0..W).map(|w| tokio::spawn(writer(apis.clone(), twins[w].clone(), w, shared.clone()))).collect();
+    let deadline = Instant::now() + WAIT;
+    while shared.acks.iter().any(|a| a.load(Ordering::Relaxed) < 3) {
+        assert!(Instant::now() < deadline, "writers made no progress\n{}", c.logs_tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+
+    // Join: `cluster add` returns once every shard's replicas match the map.
+    let new = tokio::task::block_in_place(|| c.add_node());
+    assert_eq!(new, 4, "the next never-used id");
+    assert!(c.converged().await, "cluster add returned before the moves completed");
+    let on_new = c.status(new).await.expect("new node status")["shards"].as_array().map_or(0, Vec::len);
+    assert!(on_new >= 2, "the new node took replicas: {on_new}");
+    let acks_mid: u64 = shared.acks.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+
+    // Leave: `cluster remove` drains node 1, waits until no shard holds it, then stops it.
+    tokio::task::block_in_place(|| c.remove_node(1));
+    c.wait_converged(WAIT).await;
+    for shard in 0..SHARDS {
+        let r = c.target_replicas(shard).await;
+        assert!(!r.contains(&1) && r.len() == 3, "shard {shard}: replicas {r:?}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.expect("writer task panicked"));
+    }
+    let acks: Vec<Ack> = outcomes.iter().flat_map(|o| o.acks.iter().cloned()).collect();
+    let total: u64 = shared.acks.iter().map(|a| a.load(Ordering::Relaxed)).sum();
+    eprintln!(
+        "{} acknowledged writes ({} during the join, {} during the leave), {} retryable failures, in {:.1?}",
+        acks.len(),
+        acks_mid,
+        total - acks_mid,
+        outcomes.iter().map(|o| o.retryable).sum::<usize>(),
+        started.elapsed()
+    );
+    for o in &outcomes {
+        assert!(o.unexpected.is_empty(), "writer {}: unexpected answers: {:#?}", o.writer, o.unexpected);
+        assert!(o.acks.len() >= 3, "writer {} stalled", o.writer);
+    }
+    let violations = version_violations(&acks, started);
+    assert!(violations.is_empty(), "versions repeated or went back:\n{}", violations.join("\n"));
+    let dups = duplicate_applies(&outcomes);
+    assert!(dups.is_empty(), "{}", dups.join("\n"));
+
+    // Every acknowledged write is there, read through the new node and an old one; and the new
+    // node's front door takes writes.
+    for id in [new, 2] {
+        let mut finals = BTreeMap::new();
+        for t in &twins {
+            finals.insert(t.clone(), c.api(id).must_get_twin(t).await);
+        }
+        check_final(&finals, &outcomes, &format!("read through node {id} after the moves"));
+    }
+    let t = c.api(new).must_patch_twin(&twins[0], &json!({"properties": {"desired": {"via": "new"}}})).await;
+    assert_eq!(t["properties"]["desired"]["via"], "new");
+    c.assert_no_panics();
 }

@@ -446,14 +446,80 @@ fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
     }
     let body = serde_json::to_vec(&serde_json::json!({"id": id, "addr": entry.cluster.to_string()})).unwrap_or_default();
     let r = call_any(&file, Some(id), hyper::Method::POST, "/cluster/members", body)?;
-    eprintln!("node {id} joined {} shard(s) in {:.1?}", r["shards"], started.elapsed());
+    eprintln!("node {id} joined the cluster map; {} shard replica(s) move onto it", r["shards"].as_array().map_or(0, Vec::len));
     let tls = super::https::client_config(&file.ca)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
     if let Some(n) = file.nodes.iter_mut().find(|n| n.id == id) {
         wait_ready(&tls, std::slice::from_mut(n), remaining)?;
+    }
+    wait_until(&file, deadline, "every shard's replicas match the map", |views| converged(&file, views))?;
+    eprintln!("replicas and leaderships rebalanced in {:.1?}", started.elapsed());
+    if let Some(n) = file.nodes.iter().find(|n| n.id == id) {
         println!("node {}: {}", n.id, n.connection_string);
     }
     save(dir, &file)
+}
+
+/// Every node's `/cluster/status` (`None` for a node that did not answer).
+fn views(file: &ClusterFile) -> Result<Vec<(u64, Option<serde_json::Value>)>, LauncherError> {
+    let tls = super::https::client_config(&file.ca)?;
+    let rt = runtime()?;
+    Ok(file
+        .nodes
+        .iter()
+        .map(|n| {
+            let host = format!("{}:{}", file.hostname, n.http.port());
+            let token = owner_token(&host, &file.owner_key);
+            let r = rt.block_on(super::https::get(tls.clone(), n.http, &file.hostname, "/cluster/status", Some(&token), Duration::from_secs(3)));
+            let v = match r {
+                Ok((200, body)) => serde_json::from_slice(&body).ok(),
+                _ => None,
+            };
+            (n.id, v)
+        })
+        .collect())
+}
+
+/// The view of `shard` from the node that leads it (highest term if several claim to).
+fn leader_view(views: &[(u64, Option<serde_json::Value>)], shard: u32) -> Option<serde_json::Value> {
+    views
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .filter_map(|v| v["shards"].as_array().and_then(|a| a.iter().find(|x| x["shard"] == shard && x["is_leader"] == true)).cloned())
+        .max_by_key(|x| x["term"].as_u64().unwrap_or(0))
+}
+
+/// Every shard's leader has exactly the map's target replicas as voters and no learners.
+fn converged(file: &ClusterFile, views: &[(u64, Option<serde_json::Value>)]) -> bool {
+    let Some(map) = views.iter().filter_map(|(_, v)| v.as_ref()).map(|v| v["map"].clone()).next() else { return false };
+    (0..file.shard_count).all(|s| {
+        let want = &map["placement"]["shards"][s as usize]["replicas"];
+        leader_view(views, s).is_some_and(|v| v["voters"] == *want && v["learners"].as_array().is_none_or(Vec::is_empty))
+    })
+}
+
+/// Polls every node's status until `done` holds, printing progress.
+fn wait_until(
+    file: &ClusterFile,
+    deadline: Instant,
+    what: &str,
+    done: impl Fn(&[(u64, Option<serde_json::Value>)]) -> bool,
+) -> Result<(), LauncherError> {
+    let mut last_note = Instant::now();
+    loop {
+        let v = views(file)?;
+        if done(&v) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(LauncherError::Usage(format!("timed out waiting until {what}")));
+        }
+        if last_note.elapsed() > Duration::from_secs(5) {
+            eprintln!("waiting until {what} ...");
+            last_note = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 /// Removes a node from every shard, stops it, and sets its data aside so it can never rejoin.
@@ -462,8 +528,16 @@ fn remove(dir: &Path, node: u64) -> Result<(), LauncherError> {
     let Some(pos) = file.nodes.iter().position(|n| n.id == node) else {
         return Err(LauncherError::Usage(format!("node {node} is not in {}", dir.join("cluster.json").display())));
     };
-    let r = call_any(&file, Some(node), hyper::Method::DELETE, &format!("/cluster/members/{node}"), Vec::new())?;
-    eprintln!("node {node} left {} shard(s)", r["shards"]);
+    call_any(&file, Some(node), hyper::Method::DELETE, &format!("/cluster/members/{node}"), Vec::new())?;
+    eprintln!("node {node} is draining: its replicas move to the other nodes");
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(600);
+    // Drained when the map has forgotten it (the metadata leader does so once no shard holds it).
+    wait_until(&file, deadline, &format!("node {node} holds no replica"), |views| {
+        let maps: Vec<&serde_json::Value> = views.iter().filter(|(id, _)| *id != node).filter_map(|(_, v)| v.as_ref()).collect();
+        !maps.is_empty() && maps.iter().all(|v| v["map"]["members"].get(node.to_string()).is_none())
+    })?;
+    eprintln!("node {node} drained in {:.1?}", started.elapsed());
     let n = file.nodes.remove(pos);
     if pid_alive(n.pid) {
         signal(n.pid, "TERM");

@@ -56,6 +56,7 @@ impl ApiError {
                 | ShardError::ShuttingDown { .. }
                 | ShardError::Storage { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
                 ShardError::Fatal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+                ShardError::Refused { .. } => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
             },
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),

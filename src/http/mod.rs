@@ -92,6 +92,8 @@ async fn cluster_status(
         "node_id": twins.shards.node_id(),
         "ready": twins.shards.ready(),
         "shards": twins.shards.status(),
+        "meta": twins.shards.meta_status(),
+        "map": twins.shards.map(),
     });
     Ok(ok_json(&body))
 }
@@ -102,8 +104,10 @@ struct NewMember {
     addr: String,
 }
 
-/// `POST /cluster/members` `{"id", "addr"}`: adds a started node as a voter of every shard (learner
-/// first, until it has caught up), one shard at a time. Needs RegistryWrite (an operator policy).
+/// `POST /cluster/members` `{"id", "addr"}`: adds a started node to the cluster map. Replicas and
+/// leaderships then rebalance onto it in the background (each shard's leader adds it as a learner,
+/// promotes it once caught up, then drops the replica it replaces); `/cluster/status` shows progress.
+/// Needs RegistryWrite (an operator policy).
 async fn add_member(
     axum::extract::State(state): axum::extract::State<Shared>,
     headers: HeaderMap,
@@ -116,11 +120,13 @@ async fn add_member(
         return Err(ApiError::BadRequest(format!("invalid member {} at '{}'", m.id, m.addr)));
     }
     let twins = state.twins()?;
-    let changed = twins.shards.change_members(Some(&m.addr), m.id).await?;
-    Ok(ok_json(&serde_json::json!({"node": m.id, "shards": changed})))
+    twins.shards.propose(crate::cluster::map::ClusterOp::AddNode { id: m.id, addr: m.addr.clone() }).await?;
+    let map = twins.shards.map();
+    Ok(ok_json(&serde_json::json!({"node": m.id, "shards": map.shards_of(m.id)})))
 }
 
-/// `DELETE /cluster/members/{node}`: removes a node from every shard's voters.
+/// `DELETE /cluster/members/{node}`: drains a node: the map moves its replicas to the other nodes;
+/// once no shard holds it any more, its id is retired (`/cluster/status` shows when).
 async fn remove_member(
     axum::extract::State(state): axum::extract::State<Shared>,
     axum::extract::Path(node): axum::extract::Path<u64>,
@@ -128,8 +134,8 @@ async fn remove_member(
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "cluster/members", Permission::RegistryWrite)?;
     let twins = state.twins()?;
-    let changed = twins.shards.change_members(None, node).await?;
-    Ok(ok_json(&serde_json::json!({"node": node, "shards": changed})))
+    twins.shards.propose(crate::cluster::map::ClusterOp::RemoveNode { id: node }).await?;
+    Ok(ok_json(&serde_json::json!({"node": node, "draining": true})))
 }
 
 pub fn router(state: Shared) -> Router {

@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{generate_key, Permission};
 use crate::ids::TwinId;
+use crate::twin::read::ReadOp;
 use crate::model::{now_ms, validate_id, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, Reply, Status, TwinError};
 
 /// `GET /devices?top=N`: default and maximum.
@@ -31,7 +32,7 @@ pub async fn propose(st: &Shared, id: &TwinId, cmd: Command) -> Result<Reply, Ap
 
 pub async fn get_device(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}"), Permission::RegistryRead)?;
-    let doc = st.twins()?.read(&id, |s| s.device(&id)).await?;
+    let doc = st.twins()?.device(&id).await?;
     let doc = doc.ok_or_else(|| TwinError::DeviceNotFound(id.clone()))?;
     Ok(ok_json(&doc))
 }
@@ -53,8 +54,8 @@ pub async fn list_devices(
     let twins = st.twins()?;
     let mut all: Vec<Value> = Vec::new();
     // Each shard returns its first `top` in id order; the global first `top` are among them.
-    for shard in &twins.shards.shards {
-        all.extend(shard.read(|s| s.devices(None, top)).await?);
+    for shard in 0..twins.shards.shard_count() {
+        all.extend(twins.docs(shard, ReadOp::Devices { after: None, limit: top }).await??);
     }
     all.sort_by(|a, b| a["deviceId"].as_str().unwrap_or("").cmp(b["deviceId"].as_str().unwrap_or("")));
     all.truncate(top);
@@ -87,7 +88,7 @@ pub async fn delete_device(State(st): State<Shared>, Path(id): Path<String>, hea
 
 pub async fn list_modules(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}/modules"), Permission::RegistryRead)?;
-    let modules = st.twins()?.read(&id, |s| s.modules(&id)).await??;
+    let modules = st.twins()?.docs(st.twins()?.shards.shard_of(&id), ReadOp::Modules(id.clone())).await??;
     Ok(ok_json(&Value::Array(modules)))
 }
 
@@ -97,7 +98,7 @@ pub async fn get_module(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}/modules/{mid}"), Permission::RegistryRead)?;
-    let doc = st.twins()?.read(&id, |s| s.module(&id, &mid)).await??;
+    let doc = st.twins()?.doc(&id, ReadOp::Module(id.clone(), mid.clone())).await??;
     Ok(ok_json(&doc))
 }
 
@@ -133,8 +134,9 @@ pub async fn delete_module(
 pub async fn device_stats(State(st): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, "statistics", Permission::RegistryRead)?;
     let (mut total, mut enabled, mut disabled) = (0u64, 0u64, 0u64);
-    for shard in &st.twins()?.shards.shards {
-        let s = shard.read(|s| s.stats()).await?;
+    let twins = st.twins()?;
+    for shard in 0..twins.shards.shard_count() {
+        let s = twins.stats(shard).await?;
         total += s.total;
         enabled += s.enabled;
         disabled += s.disabled;

@@ -21,7 +21,7 @@ fn resource(id: &TwinId) -> String {
 
 async fn get(st: Shared, id: TwinId, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
-    let twin = st.twins()?.read(&id.device_id, |s| s.twin(&id)).await??;
+    let twin = st.twins()?.doc(&id.device_id, crate::twin::read::ReadOp::Twin(id.clone())).await??;
     Ok(ok_json(&twin))
 }
 

@@ -73,6 +73,9 @@ impl ShardState {
             }
             Op::UpdateReported { id, patch_json } => self.update_reported(id, patch_json, at, events),
             Op::SetConnectionState { id, connected } => self.set_connection(id, *connected, at, events),
+            Op::Cluster(op) => {
+                self.cluster.apply(op).map(|()| Reply::Done).map_err(|e| TwinError::InvalidArgument(e.to_string()))
+            }
         }
     }
 

@@ -97,6 +97,8 @@ pub enum Op {
     UpdateReported { id: TwinId, patch_json: String },
     /// MQTT connect / disconnect of a device or module.
     SetConnectionState { id: TwinId, connected: bool },
+    /// A change of the cluster map: only ever proposed to the metadata group.
+    Cluster(crate::cluster::map::ClusterOp),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,6 +124,7 @@ impl Command {
             | Op::ReplaceTwin { id, .. }
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. } => &id.device_id,
+            Op::Cluster(_) => "",
         }
     }
 }
@@ -137,6 +140,7 @@ impl fmt::Display for Command {
             Op::ReplaceTwin { .. } => "ReplaceTwin",
             Op::UpdateReported { .. } => "UpdateReported",
             Op::SetConnectionState { .. } => "SetConnectionState",
+            Op::Cluster(_) => "Cluster",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

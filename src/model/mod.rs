@@ -75,7 +75,7 @@ pub struct Applied {
 }
 
 /// Credentials of one device or module, for MQTT and device-token checks.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Credentials {
     pub primary_key: Option<String>,
     pub secondary_key: Option<String>,
@@ -83,7 +83,7 @@ pub struct Credentials {
 }
 
 /// Counts for `GET /statistics/devices`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceStats {
     pub total: u64,
     pub enabled: u64,
@@ -104,6 +104,10 @@ pub struct ShardState {
     /// taken before it existed).
     #[serde(default)]
     replies: RecentReplies,
+    /// The cluster map; only the metadata group's state uses it (its twins stay empty), so the one
+    /// Raft type configuration, log store and state machine serve both kinds of group.
+    #[serde(default)]
+    pub cluster: crate::cluster::map::ClusterMap,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which

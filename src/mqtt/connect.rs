@@ -99,7 +99,7 @@ impl Mqtt {
         let token = SasToken::parse(token).map_err(|e| Refusal::BadCredentials(e.to_string()))?;
         let creds = self
             .twins
-            .read(&id.device_id, |s| s.credentials(&id))
+            .credentials(&id)
             .await
             .map_err(Refusal::Unavailable)?
             .ok_or_else(|| Refusal::BadCredentials(format!("{id} is not registered")))?;

@@ -465,7 +465,7 @@ impl Connection {
                 let _ = done.wait_for(|d| *d >= n).await;
             }
             let kind = TwinRequest::Get;
-            match twins.read(&id.device_id, |s| s.twin_properties(&id)).await {
+            match twins.doc(&id.device_id, crate::twin::read::ReadOp::TwinProperties(id.clone())).await {
                 Ok(Ok(props)) => {
                     let body = serde_json::to_vec(&props).unwrap_or_default();
                     Done::answer(kind, 200, topics::response_topic(200, &rid, None), body, puback, started)

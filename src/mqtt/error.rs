@@ -45,6 +45,7 @@ impl RequestError {
                 | ShardError::ShuttingDown { .. }
                 | ShardError::Storage { .. } => (503, 503_001),
                 ShardError::Fatal { .. } => (500, 500_001),
+                ShardError::Refused { .. } => (400, 400_004),
             },
             RequestError::BadRequest(_) => (400, 400_004),
             RequestError::Internal(_) => (500, 500_001),

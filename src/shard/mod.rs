@@ -13,11 +13,13 @@
 pub mod group_commit;
 pub mod log_store;
 pub mod network;
+pub mod reconcile;
 pub mod state_machine;
+pub mod tail;
 pub mod store;
 pub mod types;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +29,7 @@ use openraft::error::{ClientWriteError, Fatal, InitializeError, LinearizableRead
 use openraft::{ReadPolicy, SnapshotPolicy};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::cluster::map::{ClusterMap, ClusterOp};
 use crate::ids::{NodeId, ShardId};
 use crate::model::{Applied, Command, ShardState};
 use log_store::LogStore;
@@ -51,6 +54,9 @@ pub enum ShardError {
     ShuttingDown { shard: ShardId },
     #[error("shard {shard}: {msg}")]
     Fatal { shard: ShardId, msg: String },
+    /// A cluster-map change the map refused (unknown or retired node, too few nodes left, ...).
+    #[error("{msg}")]
+    Refused { msg: String },
 }
 
 /// How a node's shards are opened.
@@ -84,28 +90,6 @@ impl std::fmt::Debug for EventSink {
 
 /// How long `write` and `read` wait before answering `Timeout` (the request may still apply).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Transport call that changes a shard's voters on its leader: `postcard(MemberChange)` in,
-/// `postcard(Result<(), ShardError>)` out.
-pub const MEMBER_CALL: &str = "shard.member";
-
-/// A membership change of one shard, run on its leader.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub enum MemberChange {
-    Add { shard: ShardId, node: NodeId, addr: String },
-    Remove { shard: ShardId, node: NodeId },
-}
-
-impl MemberChange {
-    fn shard(&self) -> ShardId {
-        match self {
-            MemberChange::Add { shard, .. } | MemberChange::Remove { shard, .. } => *shard,
-        }
-    }
-}
-
-/// How long one shard's membership change may look for its leader and wait for a learner to catch up.
-const MEMBER_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Name of the transport call that answers a shard's read index (`postcard(ShardId)` in,
 /// `postcard(Result<Option<u64>, ShardError>)` out).
@@ -352,85 +336,248 @@ pub struct ShardStatus {
     pub healthy: bool,
 }
 
-/// All shards of a node and their shared storage.
+/// Group id of the metadata Raft group, which holds the [`ClusterMap`]. Data shards are `0..shard_count`.
+pub const META: ShardId = ShardId::MAX;
+
+/// The shards of a node: the groups it replicates (opened and closed as the cluster map moves
+/// replicas), the metadata group in a cluster, and what it knows of shards it does not replicate
+/// (their replicas from the map, their last known leader).
 pub struct Shards {
-    pub shards: Vec<Arc<Shard>>,
+    node_id: NodeId,
+    shard_count: u32,
+    config: ShardsConfig,
+    raft_config: Arc<openraft::Config>,
+    router: ShardRouter,
     store: Arc<Store>,
+    groups: std::sync::RwLock<BTreeMap<ShardId, Arc<Shard>>>,
+    /// The metadata group; `None` for a single-node hub.
+    meta: Option<Arc<Shard>>,
+    /// Last leader heard of, for shards this node does not replicate.
+    hints: Mutex<HashMap<ShardId, NodeId>>,
+    /// Recent events per hosted shard, for peers that tail them.
+    rings: tail::Rings,
+    /// Shards with a membership change in progress on this node (their leader).
+    changing: Mutex<HashSet<ShardId>>,
+    /// Serializes opening and closing groups.
+    open_lock: tokio::sync::Mutex<()>,
 }
 
 impl Shards {
-    /// Opens (or creates) the node's database, starts every shard's Raft group (a single voter for
-    /// now) and waits until each has a leader.
-    pub async fn open(config: ShardsConfig) -> Result<Shards, ShardError> {
+    /// Opens (or creates) the node's database and its groups. A single-node hub opens every shard as a
+    /// one-voter group and waits for each to lead. A clustered node opens the metadata group (the lowest
+    /// founding id initializes it) and the shards the cluster map places here; the reconciler
+    /// ([`Shards::reconcile`]) follows the map from then on.
+    pub async fn open(config: ShardsConfig) -> Result<Arc<Shards>, ShardError> {
         check_layout(&config)?;
         let store = Arc::new(Store::open(&config.data_dir.join("raft")).map_err(|e| storage_error(0, e))?);
         let raft_config = raft_config(&config)?;
         let router = config.transport.clone().map_or_else(ShardRouter::default, ShardRouter::new);
-        let node_id = config.node_id;
         let clustered = config.transport.is_some() && config.members.len() > 1;
-        // The founding node forms the groups; the others wait to be contacted.
-        let founder = config.members.keys().next().copied().unwrap_or(node_id) == node_id;
-
-        let mut rafts = Vec::new();
-        for id in 0..config.shard_count.max(1) {
-            let sm = StateMachine::open(id, store.clone(), config.events.clone()).map_err(|e| storage_error(id, e))?;
-            let state = sm.shared();
-            let log = LogStore::new(id, store.clone());
-            let network = NetworkFactory::new(router.clone(), id);
-            let raft = Raft::new(node_id, raft_config.clone(), network, log, sm)
-                .await
-                .map_err(|f| fatal_error(id, &f))?;
-            // Only a pristine group is initialized: a restarted one has its vote and log already.
-            if let Some(t) = &config.transport {
-                t.groups().register(id, raft.clone());
+        let mut shards = Shards {
+            node_id: config.node_id,
+            shard_count: config.shard_count.max(1),
+            raft_config,
+            router,
+            store,
+            groups: Default::default(),
+            meta: None,
+            hints: Default::default(),
+            rings: Default::default(),
+            changing: Default::default(),
+            open_lock: Default::default(),
+            config,
+        };
+        if !clustered {
+            for id in 0..shards.shard_count {
+                let shard = shards.open_group(id, Some(BTreeMap::from([(shards.node_id, Node::default())]))).await?;
+                // Leader, then a read index: the state machine has re-applied everything committed.
+                shard
+                    .raft
+                    .wait(Some(OPEN_TIMEOUT))
+                    .current_leader(shards.node_id, format!("shard {id} elects this node"))
+                    .await
+                    .map_err(|e| ShardError::Fatal { shard: id, msg: format!("no leader: {e}") })?;
+                shard.read(|_| ()).await?;
             }
+            return Ok(Arc::new(shards));
+        }
+        // The metadata group: the lowest founding id forms it with the first founding ids as voters.
+        let founders: Vec<NodeId> = shards.config.members.keys().copied().collect();
+        let founder = founders.first().copied() == Some(shards.node_id);
+        let voters: BTreeMap<NodeId, Node> = shards
+            .config
+            .members
+            .iter()
+            .take(crate::cluster::map::META_VOTERS)
+            .map(|(id, addr)| (*id, Node { addr: addr.clone() }))
+            .collect();
+        let meta = shards.open_group(META, founder.then_some(voters)).await?;
+        shards.meta = Some(meta);
+        let shards = Arc::new(shards);
+        // Shards the map (as far as this replica applied it) places here.
+        let map = shards.map();
+        for id in map.shards_of(shards.node_id) {
+            shards.ensure_group(id, &map).await?;
+        }
+        if let Some(t) = &shards.config.transport {
+            register_calls(t, &shards);
+        }
+        Ok(shards)
+    }
+
+    /// Opens one group (idempotent). `init`: the voters to initialize it with if it is pristine.
+    async fn open_group(&self, id: ShardId, init: Option<BTreeMap<NodeId, Node>>) -> Result<Arc<Shard>, ShardError> {
+        let _guard = self.open_lock.lock().await;
+        if let Some(s) = self.local(id) {
+            return Ok(s);
+        }
+        if id == META {
+            if let Some(m) = &self.meta {
+                return Ok(m.clone());
+            }
+        }
+        let sink: Option<state_machine::GroupSink> = match (&self.config.events, id == META) {
+            (Some(hub), false) => {
+                let hub = hub.clone();
+                let rings = self.rings.clone();
+                Some(Arc::new(move |index: u64, events: &[crate::model::Event]| {
+                    rings.record(id, index, events);
+                    (hub.0)(id, events);
+                }))
+            }
+            _ => None,
+        };
+        let sm = StateMachine::open(id, self.store.clone(), sink).map_err(|e| storage_error(id, e))?;
+        let state = sm.shared();
+        let log = LogStore::new(id, self.store.clone());
+        let network = NetworkFactory::new(self.router.clone(), id);
+        let raft = Raft::new(self.node_id, self.raft_config.clone(), network, log, sm)
+            .await
+            .map_err(|f| fatal_error(id, &f))?;
+        if let Some(t) = &self.config.transport {
+            t.groups().register(id, raft.clone());
+        }
+        // Only a pristine group is initialized: a restarted one has its vote and log already.
+        if let Some(members) = init {
             let initialized = raft.is_initialized().await.map_err(|f| fatal_error(id, &f))?;
-            if !initialized && founder {
-                let members: BTreeMap<NodeId, Node> = if clustered {
-                    config.members.iter().map(|(id, addr)| (*id, Node { addr: addr.clone() })).collect()
-                } else {
-                    BTreeMap::from([(node_id, Node::default())])
-                };
+            if !initialized {
                 match raft.initialize(members).await {
                     Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
                     Err(RaftError::APIError(e)) => return Err(ShardError::Fatal { shard: id, msg: e.to_string() }),
                     Err(RaftError::Fatal(f)) => return Err(fatal_error(id, &f)),
                 }
             }
-            rafts.push((id, raft, state));
         }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Shard::run_proposer(id, raft.clone(), rx));
+        let shard = Arc::new(Shard {
+            id,
+            node_id: self.node_id,
+            raft,
+            transport: self.config.transport.clone(),
+            state,
+            proposals: Mutex::new(Some(tx)),
+        });
+        if id != META {
+            self.groups.write().unwrap_or_else(|e| e.into_inner()).insert(id, shard.clone());
+            tracing::info!(shard = id, "replica opened");
+        }
+        Ok(shard)
+    }
 
-        let mut shards = Vec::new();
-        for (id, raft, state) in rafts {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(Shard::run_proposer(id, raft.clone(), rx));
-            let shard = Shard { id, node_id, raft, transport: config.transport.clone(), state, proposals: Mutex::new(Some(tx)) };
-            if !clustered {
-                // Leader, then a read index: the state machine has re-applied everything committed.
-                // A clustered node does not wait here (its peers may not be up yet): `/ready` says
-                // when every shard has a leader.
-                shard
-                    .raft
-                    .wait(Some(OPEN_TIMEOUT))
-                    .current_leader(node_id, format!("shard {id} elects this node"))
-                    .await
-                    .map_err(|e| ShardError::Fatal { shard: id, msg: format!("no leader: {e}") })?;
-                shard.read(|_| ()).await?;
-            }
-            shards.push(Arc::new(shard));
+    /// Opens a data shard the map places here; the founding placement's preferred leader initializes
+    /// it with the founding replicas (nodes added later always join existing groups as learners).
+    async fn ensure_group(&self, id: ShardId, map: &ClusterMap) -> Result<Arc<Shard>, ShardError> {
+        if let Some(s) = self.local(id) {
+            return Ok(s);
         }
-        if let Some(t) = &config.transport {
-            register_read_index(t, &shards);
+        let init = map.founding.shards.get(id as usize).filter(|f| f.leader == self.node_id).map(|f| {
+            f.replicas.iter().map(|n| (*n, Node { addr: map.addr(*n).unwrap_or_default().to_string() })).collect()
+        });
+        self.open_group(id, init).await
+    }
+
+    /// Stops a group this node no longer replicates. Its log and snapshot stay on disk until the shard
+    /// comes back here (Raft then truncates what conflicts) or the node is retired.
+    async fn close_group(&self, id: ShardId) {
+        let _guard = self.open_lock.lock().await;
+        let Some(shard) = self.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&id) else { return };
+        if let Some(t) = &self.config.transport {
+            t.groups().unregister(id);
         }
-        Ok(Shards { shards, store })
+        shard.proposals.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Err(e) = shard.raft.shutdown().await {
+            tracing::warn!(shard = id, "raft shutdown: {e}");
+        }
+        self.rings.drop_shard(id);
+        tracing::info!(shard = id, "replica closed: the shard moved to other nodes");
     }
 
     pub fn shard_count(&self) -> u32 {
-        self.shards.len() as u32
+        self.shard_count
     }
 
-    pub fn for_device(&self, device_id: &str) -> &Arc<Shard> {
-        &self.shards[crate::ids::shard_of(device_id, self.shard_count()) as usize]
+    /// The shard owning `device_id`.
+    pub fn shard_of(&self, device_id: &str) -> ShardId {
+        crate::ids::shard_of(device_id, self.shard_count)
+    }
+
+    /// This node's replica of `shard`, if it hosts one.
+    pub fn local(&self, shard: ShardId) -> Option<Arc<Shard>> {
+        self.groups.read().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned()
+    }
+
+    /// The replicas this node hosts, in shard order.
+    pub fn hosted(&self) -> Vec<Arc<Shard>> {
+        self.groups.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Whether this node is part of a cluster (shards may live elsewhere).
+    pub fn is_clustered(&self) -> bool {
+        self.meta.is_some()
+    }
+
+    /// The cluster map as this node applied it. A single-node hub answers a map of itself.
+    pub fn map(&self) -> ClusterMap {
+        match &self.meta {
+            Some(m) => m.read_local(|s| s.cluster.clone()),
+            None => {
+                let mut map = ClusterMap::default();
+                let members = BTreeMap::from([(self.node_id, String::new())]);
+                let _ = map.apply(&ClusterOp::Init { shard_count: self.shard_count, rf: 1, members });
+                map
+            }
+        }
+    }
+
+    /// Where to send a request for `shard` this node may not lead: the leader if known, then the
+    /// shard's replicas from the map (so a caller can walk them).
+    pub fn route(&self, shard: ShardId) -> Vec<NodeId> {
+        let mut out = Vec::new();
+        if let Some(l) = self.local(shard).and_then(|s| s.leader()) {
+            out.push(l);
+        } else if let Some(l) = self.hints.lock().unwrap_or_else(|e| e.into_inner()).get(&shard) {
+            out.push(*l);
+        }
+        for r in self.map().replicas(shard) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    /// Remembers who leads a shard this node does not replicate.
+    pub fn note_leader(&self, shard: ShardId, leader: Option<NodeId>) {
+        let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner());
+        match leader {
+            Some(l) => {
+                hints.insert(shard, l);
+            }
+            None => {
+                hints.remove(&shard);
+            }
+        }
     }
 
     /// fsyncs of the node's Raft database so far; against the number of writes it shows how well the
@@ -439,122 +586,72 @@ impl Shards {
         self.store.writer.sync_count()
     }
 
-    /// Adds `node` (reachable at `addr`) as a voter of every shard, or removes it, one shard and one
-    /// membership step at a time, each on the shard's current leader (here or over the transport).
-    /// Returns how many shards changed; stops at the first shard that fails.
-    pub async fn change_members(&self, add: Option<&str>, node: NodeId) -> Result<usize, ShardError> {
-        let mut changed = 0;
-        for s in &self.shards {
-            let change = match add {
-                Some(addr) => MemberChange::Add { shard: s.id, node, addr: addr.to_string() },
-                None => MemberChange::Remove { shard: s.id, node },
-            };
-            let deadline = std::time::Instant::now() + MEMBER_DEADLINE;
-            loop {
-                let r = match s.leader() {
-                    Some(l) if l == s.node_id => run_member_change(s, &change).await,
-                    Some(l) => remote_member_change(s, l, &change).await,
-                    None => Err(ShardError::NotLeader { shard: s.id, leader: None }),
-                };
-                match r {
-                    Ok(()) => break,
-                    Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if std::time::Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            changed += 1;
-            tracing::info!(shard = s.id, node, add = add.is_some(), "membership changed");
-        }
-        Ok(changed)
-    }
-
-    /// Keeps the transport's peer table in step with the members every shard's membership names (a
-    /// follower never dials the other followers for Raft, but forwards writes to whichever leads).
-    pub fn learn_peers(&self) {
-        let Some(t) = self.shards.first().and_then(|s| s.transport.clone()) else { return };
-        for s in &self.shards {
-            let m = s.raft.metrics().borrow_watched().membership_config.clone();
-            for (id, node) in m.membership().nodes() {
-                if *id != s.node_id && !node.addr.is_empty() {
-                    t.peers().learn(*id, &node.addr);
-                }
-            }
-        }
-    }
-
     /// This node's id.
     pub fn node_id(&self) -> NodeId {
-        self.shards.first().map(|s| s.node_id).unwrap_or(0)
+        self.node_id
     }
 
-    /// Spreads leadership evenly: every shard this node leads but whose preferred leader (from the
-    /// balanced placement over its voters, [`crate::cluster::placement::Placement`]) is another,
-    /// caught-up voter is handed to that voter. Runs periodically on every node; each node only gives
-    /// away what it leads, so nodes never fight over a shard.
-    pub async fn balance_leaders(&self) -> usize {
-        let mut moved = 0;
-        for st in self.status() {
-            if !st.is_leader || st.voters.len() < 2 {
-                continue;
-            }
-            let placement = crate::cluster::placement::Placement::initial(&st.voters, self.shard_count(), st.voters.len());
-            let Some(preferred) = placement.shards.get(st.shard as usize).map(|p| p.leader) else { continue };
-            let caught_up = st.lag.get(&preferred).is_some_and(|lag| *lag < 100);
-            if preferred != st.leader.unwrap_or(0) && caught_up {
-                if let Some(shard) = self.shards.get(st.shard as usize) {
-                    tracing::info!(shard = st.shard, to = preferred, "moving leadership to its preferred node");
-                    if shard.raft.trigger().transfer_leader(preferred).await.is_ok() {
-                        moved += 1;
-                    }
+    pub fn rings(&self) -> &tail::Rings {
+        &self.rings
+    }
+
+    /// Proposes a cluster-map change on the metadata group's leader (here or over the transport).
+    pub async fn propose(&self, op: ClusterOp) -> Result<(), ShardError> {
+        let Some(meta) = &self.meta else {
+            return Err(ShardError::Fatal { shard: META, msg: "not a cluster: start the node with --peers".into() });
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let cmd = Command::new(crate::model::Op::Cluster(op.clone()), crate::model::now_ms());
+            let r = match meta.leader() {
+                Some(l) if l == self.node_id => meta.write(cmd).await,
+                Some(l) => remote_meta_write(meta, l, &cmd).await,
+                None => Err(ShardError::NotLeader { shard: META, leader: None }),
+            };
+            match r {
+                Ok(applied) => {
+                    return applied.result.map(|_| ()).map_err(|e| ShardError::Refused { msg: e.to_string() });
                 }
+                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
-        moved
     }
 
-    /// What this replica knows of every shard (for `/cluster/status` and metrics).
+    /// What this replica knows of every shard it hosts (for `/cluster/status` and metrics).
     pub fn status(&self) -> Vec<ShardStatus> {
-        self.shards
-            .iter()
-            .map(|s| {
-                let m = s.raft.metrics().borrow_watched().clone();
-                let membership = m.membership_config.membership();
-                let last = m.last_log_index.unwrap_or(0);
-                ShardStatus {
-                    shard: s.id,
-                    leader: m.current_leader,
-                    is_leader: m.current_leader == Some(s.node_id),
-                    term: m.current_term,
-                    last_log_index: last,
-                    committed: m.local_committed.map(|l| l.index).unwrap_or(0),
-                    applied: m.last_applied.map(|l| l.index).unwrap_or(0),
-                    voters: membership.voter_ids().collect(),
-                    learners: membership.learner_ids().collect(),
-                    lag: m
-                        .replication
-                        .as_ref()
-                        .map(|r| r.iter().map(|(n, l)| (*n, last.saturating_sub(l.map(|l| l.index).unwrap_or(0)))).collect())
-                        .unwrap_or_default(),
-                    healthy: m.running_state.is_ok(),
-                }
-            })
-            .collect()
+        self.hosted().iter().map(|s| s.status()).collect()
     }
 
-    /// Every shard has a known leader and this replica has applied something (a node that just
-    /// joined or restarted has caught up with the committed log as far as it knows).
+    /// The metadata group's status, in a cluster.
+    pub fn meta_status(&self) -> Option<ShardStatus> {
+        self.meta.as_ref().map(|m| m.status())
+    }
+
+    /// Ready to serve: in a cluster, the map is known and every shard it places here has a leader;
+    /// alone, every shard has one.
     pub fn ready(&self) -> bool {
-        self.shards.iter().all(|s| {
+        let has_leader = |s: &Shard| {
             let m = s.raft.metrics().borrow_watched().clone();
             m.current_leader.is_some() && m.running_state.is_ok()
-        })
+        };
+        if let Some(meta) = &self.meta {
+            let map = self.map();
+            if !has_leader(meta) || !map.is_initialized() {
+                return false;
+            }
+            return map.shards_of(self.node_id).into_iter().all(|id| self.local(id).is_some_and(|s| has_leader(&s)));
+        }
+        self.hosted().iter().all(|s| has_leader(s))
     }
 
     /// Stops every Raft group and flushes storage.
     pub async fn shutdown(&self) {
-        for shard in &self.shards {
+        let mut all = self.hosted();
+        all.extend(self.meta.clone());
+        for shard in all {
             if let Some(t) = &shard.transport {
                 t.groups().unregister(shard.id);
             }
@@ -569,53 +666,90 @@ impl Shards {
     }
 }
 
-async fn run_member_change(s: &Shard, change: &MemberChange) -> Result<(), ShardError> {
-    match change {
-        MemberChange::Add { node, addr, .. } => s.add_voter(*node, addr).await,
-        MemberChange::Remove { node, .. } => s.remove_voter(*node).await,
+impl Shard {
+    /// This replica's view of its group.
+    pub fn status(&self) -> ShardStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let last = m.last_log_index.unwrap_or(0);
+        ShardStatus {
+            shard: self.id,
+            leader: m.current_leader,
+            is_leader: m.current_leader == Some(self.node_id),
+            term: m.current_term,
+            last_log_index: last,
+            committed: m.local_committed.map(|l| l.index).unwrap_or(0),
+            applied: m.last_applied.map(|l| l.index).unwrap_or(0),
+            voters: membership.voter_ids().collect(),
+            learners: membership.learner_ids().collect(),
+            lag: m
+                .replication
+                .as_ref()
+                .map(|r| r.iter().map(|(n, l)| (*n, last.saturating_sub(l.map(|l| l.index).unwrap_or(0)))).collect())
+                .unwrap_or_default(),
+            healthy: m.running_state.is_ok(),
+        }
     }
 }
 
-async fn remote_member_change(s: &Shard, leader: NodeId, change: &MemberChange) -> Result<(), ShardError> {
-    let Some(t) = &s.transport else { return Err(ShardError::NotLeader { shard: s.id, leader: Some(leader) }) };
-    let body = postcard::to_allocvec(change).map_err(|e| ShardError::Fatal { shard: s.id, msg: e.to_string() })?;
-    let answer = t.call(leader, MEMBER_CALL, body.into(), Some(MEMBER_DEADLINE)).await.map_err(|e| {
-        tracing::debug!(shard = s.id, leader, "membership change on the leader: {e}");
-        ShardError::Timeout { shard: s.id }
+/// Transport call that proposes a cluster-map change on the metadata leader: `serde_json(Command)` in,
+/// `serde_json(Result<Applied, ShardError>)` out.
+pub const META_WRITE_CALL: &str = "meta.write";
+
+async fn remote_meta_write(meta: &Shard, leader: NodeId, cmd: &Command) -> Result<Applied, ShardError> {
+    let Some(t) = &meta.transport else { return Err(ShardError::NotLeader { shard: META, leader: Some(leader) }) };
+    let body = serde_json::to_vec(cmd).map_err(|e| ShardError::Fatal { shard: META, msg: e.to_string() })?;
+    let answer = t.call(leader, META_WRITE_CALL, body.into(), Some(Duration::from_secs(5))).await.map_err(|e| {
+        tracing::debug!(leader, "cluster-map change on the metadata leader: {e}");
+        ShardError::Timeout { shard: META }
     })?;
-    postcard::from_bytes::<Result<(), ShardError>>(&answer).map_err(|e| ShardError::Fatal { shard: s.id, msg: e.to_string() })?
+    serde_json::from_slice::<Result<Applied, ShardError>>(&answer)
+        .map_err(|e| ShardError::Fatal { shard: META, msg: e.to_string() })?
 }
 
-/// Answers peers' read-index requests for the shards of this node.
-fn register_read_index(t: &crate::cluster::transport::Transport, shards: &[Arc<Shard>]) {
-    let by_id: Arc<BTreeMap<ShardId, Arc<Shard>>> = Arc::new(shards.iter().map(|s| (s.id, s.clone())).collect());
+fn call_error(e: impl std::fmt::Display) -> crate::cluster::transport::CallError {
+    crate::cluster::transport::CallError(e.to_string())
+}
+
+/// Answers peers: read indexes, cluster-map writes, event tails.
+fn register_calls(t: &crate::cluster::transport::Transport, shards: &Arc<Shards>) {
+    let s = Arc::downgrade(shards);
     t.handlers().register(READ_INDEX_CALL, move |_from, body: bytes::Bytes| {
-        let by_id = by_id.clone();
+        let s = s.clone();
         async move {
-            let id: ShardId = postcard::from_bytes(&body)
-                .map_err(|e| crate::cluster::transport::CallError(format!("bad read-index request: {e}")))?;
-            let r = match by_id.get(&id) {
-                Some(s) => s.read_index().await,
+            let id: ShardId = postcard::from_bytes(&body).map_err(|e| call_error(format!("bad read-index request: {e}")))?;
+            let group = s.upgrade().and_then(|s| if id == META { s.meta.clone() } else { s.local(id) });
+            let r = match group {
+                Some(g) => g.read_index().await,
                 None => Err(ShardError::NotLeader { shard: id, leader: None }),
             };
-            postcard::to_allocvec(&r)
-                .map(bytes::Bytes::from)
-                .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+            postcard::to_allocvec(&r).map(bytes::Bytes::from).map_err(call_error)
         }
     });
-    let by_id: Arc<BTreeMap<ShardId, Arc<Shard>>> = Arc::new(shards.iter().map(|s| (s.id, s.clone())).collect());
-    t.handlers().register(MEMBER_CALL, move |_from, body: bytes::Bytes| {
-        let by_id = by_id.clone();
+    let s = Arc::downgrade(shards);
+    t.handlers().register(META_WRITE_CALL, move |_from, body: bytes::Bytes| {
+        let s = s.clone();
         async move {
-            let change: MemberChange = postcard::from_bytes(&body)
-                .map_err(|e| crate::cluster::transport::CallError(format!("bad membership change: {e}")))?;
-            let r = match by_id.get(&change.shard()) {
-                Some(s) => run_member_change(s, &change).await,
-                None => Err(ShardError::NotLeader { shard: change.shard(), leader: None }),
+            let cmd: Command = serde_json::from_slice(&body).map_err(|e| call_error(format!("bad map change: {e}")))?;
+            let r = match s.upgrade().and_then(|s| s.meta.clone()) {
+                Some(m) if m.is_leader() => m.write(cmd).await,
+                Some(m) => Err(ShardError::NotLeader { shard: META, leader: m.leader() }),
+                None => Err(ShardError::NotLeader { shard: META, leader: None }),
             };
-            postcard::to_allocvec(&r)
-                .map(bytes::Bytes::from)
-                .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+            serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(call_error)
+        }
+    });
+    let s = Arc::downgrade(shards);
+    t.handlers().register(tail::EVENTS_CALL, move |_from, body: bytes::Bytes| {
+        let s = s.clone();
+        async move {
+            let (id, after): (ShardId, Option<u64>) =
+                postcard::from_bytes(&body).map_err(|e| call_error(format!("bad event tail request: {e}")))?;
+            let r = match s.upgrade() {
+                Some(s) if s.local(id).is_some() => Ok(s.rings.wait_page(id, after, tail::LONG_POLL).await),
+                _ => Err(ShardError::NotLeader { shard: id, leader: None }),
+            };
+            serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(call_error)
         }
     });
 }

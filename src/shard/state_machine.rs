@@ -35,8 +35,11 @@ pub struct StateMachine {
     shared: SharedState,
     /// Meta of the durable snapshot; serializes snapshot writes so an older one never replaces a newer.
     snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
-    events: Option<super::EventSink>,
+    events: Option<GroupSink>,
 }
+
+/// Receives `(log index, events)` of every applied command of one group, in log order.
+pub type GroupSink = Arc<dyn Fn(u64, &[crate::model::Event]) + Send + Sync>;
 
 fn reply_done() -> Applied {
     Applied { result: Ok(Reply::Done), events: Vec::new() }
@@ -48,7 +51,7 @@ fn invalid(msg: String) -> io::Error {
 
 impl StateMachine {
     /// Opens the shard's state machine from its latest durable snapshot, if any.
-    pub fn open(shard: ShardId, store: Arc<Store>, events: Option<super::EventSink>) -> io::Result<StateMachine> {
+    pub fn open(shard: ShardId, store: Arc<Store>, events: Option<GroupSink>) -> io::Result<StateMachine> {
         let stored = store.snapshot(shard)?;
         let mut applied = AppliedState::default();
         let mut meta = None;
@@ -154,7 +157,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             };
             if let (Some(sink), false) = (&self.events, outcome.events.is_empty()) {
-                (sink.0)(self.shard, &outcome.events);
+                sink(log_id.index, &outcome.events);
             }
             if let Some(r) = responder {
                 r.send(outcome);

@@ -74,7 +74,7 @@ fn must_reported_version(r: &Reply) -> i64 {
 
 /// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
 async fn must_twin(shards: &Shards, id: &str) -> (i64, i64) {
-    let twin = shards.for_device(id).read(|s| s.twin(&TwinId::device(id))).await.expect("read").expect("twin");
+    let twin = shards.local(shards.shard_of(id)).unwrap().read(|s| s.twin(&TwinId::device(id))).await.expect("read").expect("twin");
     let reported = &twin["properties"]["reported"];
     (reported["$version"].as_i64().expect("$version"), reported["n"].as_i64().expect("n"))
 }
@@ -86,14 +86,14 @@ async fn writes_survive_reopen_and_versions_continue() {
     assert_eq!(shards.shard_count(), 4);
 
     for d in ["dev-a", "dev-b", "dev-c"] {
-        let applied = shards.for_device(d).write(put_device(d)).await.expect("write");
+        let applied = shards.local(shards.shard_of(d)).unwrap().write(put_device(d)).await.expect("write");
         assert!(matches!(applied.result, Ok(Reply::Device(_))), "{applied:?}");
     }
     // Pipelined writes answer in proposal order with consecutive versions.
     let mut rxs = Vec::new();
     for n in 1..=20 {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        shards.for_device("dev-a").write_pipelined(report("dev-a", n), tx);
+        shards.local(shards.shard_of("dev-a")).unwrap().write_pipelined(report("dev-a", n), tx);
         rxs.push(rx);
     }
     let mut versions = Vec::new();
@@ -110,9 +110,9 @@ async fn writes_survive_reopen_and_versions_continue() {
     let shards = Shards::open(config(dir.path(), 4, 10_000)).await.expect("reopen");
     assert_eq!(must_twin(&shards, "dev-a").await, (last, 20));
     for d in ["dev-b", "dev-c"] {
-        assert!(shards.for_device(d).read_local(|s| s.device(d)).is_some(), "{d} lost");
+        assert!(shards.local(shards.shard_of(d)).unwrap().read_local(|s| s.device(d)).is_some(), "{d} lost");
     }
-    let applied = shards.for_device("dev-a").write(report("dev-a", 21)).await.expect("write after reopen");
+    let applied = shards.local(shards.shard_of("dev-a")).unwrap().write(report("dev-a", 21)).await.expect("write after reopen");
     assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
     shards.shutdown().await;
 }
@@ -121,7 +121,7 @@ async fn writes_survive_reopen_and_versions_continue() {
 async fn snapshot_and_purge_then_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let shards = Shards::open(config(dir.path(), 1, 10)).await.expect("open");
-    let shard = shards.shards[0].clone();
+    let shard = shards.local(0).unwrap().clone();
     shard.write(put_device("dev-s")).await.expect("create");
     let mut last = 0;
     for n in 1..=60 {
@@ -153,7 +153,7 @@ async fn snapshot_and_purge_then_reopen() {
 
     let shards = Shards::open(config(dir.path(), 1, 10)).await.expect("reopen");
     assert_eq!(must_twin(&shards, "dev-s").await, (last, 60));
-    let applied = shards.shards[0].write(report("dev-s", 61)).await.expect("write after reopen");
+    let applied = shards.local(0).unwrap().write(report("dev-s", 61)).await.expect("write after reopen");
     assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
     shards.shutdown().await;
 }
@@ -164,16 +164,16 @@ async fn writes_after_shutdown_fail_cleanly() {
     let shards = Shards::open(config(dir.path(), 1, 10_000)).await.expect("open");
     shards.shutdown().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    shards.shards[0].write_pipelined(report("x", 1), tx);
+    shards.local(0).unwrap().write_pipelined(report("x", 1), tx);
     assert!(matches!(rx.await.expect("answered"), Err(super::ShardError::ShuttingDown { .. })));
-    assert!(shards.shards[0].write(report("x", 2)).await.is_err());
+    assert!(shards.local(0).unwrap().write(report("x", 2)).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_failure_stops_the_shard_instead_of_acknowledging() {
     let dir = tempfile::tempdir().unwrap();
     let shards = Shards::open(config(dir.path(), 1, 10_000)).await.expect("open");
-    let shard = shards.shards[0].clone();
+    let shard = shards.local(0).unwrap().clone();
     shard.write(put_device("dev-f")).await.expect("healthy write");
 
     shards.store.writer.inject_failure();

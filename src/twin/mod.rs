@@ -5,15 +5,19 @@
 //! actor, so passivating loses nothing.
 
 mod actor;
+pub mod read;
 mod registry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cluster::transport::{CallError, Transport};
-use crate::ids::TwinId;
-use crate::model::{Applied, Command, ShardState};
+use serde_json::Value;
+
+use crate::ids::{NodeId, ShardId, TwinId};
+use crate::model::{Applied, Command, TwinError};
 use crate::shard::{ShardError, Shards};
+use read::{ReadOp, ReadOut, READ_CALL};
 
 pub use registry::ActorRegistry;
 
@@ -71,6 +75,23 @@ impl Twins {
                 }
             });
         }
+        if let Some(t) = &transport {
+            let shards = shards.clone();
+            t.handlers().register(READ_CALL, move |_from, body: bytes::Bytes| {
+                let shards = shards.clone();
+                async move {
+                    let (shard, op): (ShardId, ReadOp) =
+                        postcard::from_bytes(&body).map_err(|e| CallError(format!("bad forwarded read: {e}")))?;
+                    // Answered only from a local replica (never forwarded again): the caller walks
+                    // the shard's replicas itself.
+                    let r = match shards.local(shard) {
+                        Some(s) => s.linearize().await.map(|()| s.read_local(|st| op.run(st))),
+                        None => Err(ShardError::NotLeader { shard, leader: None }),
+                    };
+                    serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
+                }
+            });
+        }
         Arc::new(Twins { shards, registry, sweeper, transport })
     }
 
@@ -79,28 +100,24 @@ impl Twins {
     /// change it retries with the same command, hence the same request id, so it applies at most once.
     pub async fn write(&self, id: &TwinId, cmd: Command) -> Result<Applied, ShardError> {
         let Some(t) = &self.transport else { return self.registry.write(id, cmd).await };
-        let shard = self.shards.for_device(&id.device_id).clone();
-        let deadline = Instant::now() + ROUTE_DEADLINE;
-        let mut pause = Duration::from_millis(20);
+        let shard = self.shards.shard_of(&id.device_id);
+        let mut retry = Retry::new();
         loop {
-            let r = match shard.leader() {
-                Some(l) if l == t.node_id() => self.registry.write(id, cmd.clone()).await,
-                Some(l) => self.forward(t, l, id, &cmd).await,
-                None => Err(ShardError::NotLeader { shard: shard.id, leader: None }),
+            let target = retry.pick(&self.shards.route(shard));
+            let r = match target {
+                Some(n) if n == t.node_id() => self.registry.write(id, cmd.clone()).await,
+                Some(n) => self.forward(t, n, id, &cmd).await,
+                None => Err(ShardError::NotLeader { shard, leader: None }),
             };
-            match r {
-                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if Instant::now() < deadline => {
-                    metrics::counter!("twinhub_route_retries_total").increment(1);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(100));
-                }
-                other => return other,
+            if retry.again(&self.shards, shard, target, &r).await {
+                continue;
             }
+            return r;
         }
     }
 
     async fn forward(&self, t: &Transport, leader: u64, id: &TwinId, cmd: &Command) -> Result<Applied, ShardError> {
-        let shard = crate::ids::shard_of(&id.device_id, self.shards.shard_count());
+        let shard = self.shards.shard_of(&id.device_id);
         let body = postcard::to_allocvec(&(id, cmd)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
         metrics::counter!("twinhub_route_forwarded_total").increment(1);
         match t.call(leader, WRITE_CALL, body.into(), Some(FORWARD_TIMEOUT)).await {
@@ -114,25 +131,89 @@ impl Twins {
         }
     }
 
-    /// A linearizable read of the shard owning `device_id`.
-    /// In a cluster it waits out a leader change (election, leadership transfer) like writes do.
-    pub async fn read<R>(&self, device_id: &str, f: impl FnOnce(&ShardState) -> R) -> Result<R, ShardError> {
-        let shard = self.shards.for_device(device_id);
-        if self.transport.is_none() {
-            return shard.read(f).await;
-        }
-        let deadline = Instant::now() + ROUTE_DEADLINE;
-        let mut pause = Duration::from_millis(20);
+    /// A linearizable read of the shard owning `device_id` (see [`Twins::read_shard`]).
+    pub async fn read(&self, device_id: &str, op: ReadOp) -> Result<ReadOut, ShardError> {
+        self.read_shard(self.shards.shard_of(device_id), op).await
+    }
+
+    /// A linearizable read of one shard: on a local replica (through the leader's read index), or on a
+    /// replica elsewhere when this node does not host the shard. Waits out leader changes like writes.
+    pub async fn read_shard(&self, shard: ShardId, op: ReadOp) -> Result<ReadOut, ShardError> {
+        let Some(t) = &self.transport else {
+            let Some(s) = self.shards.local(shard) else { return Err(ShardError::NotLeader { shard, leader: None }) };
+            return s.read(|st| op.run(st)).await;
+        };
+        let mut retry = Retry::new();
         loop {
-            match shard.linearize().await {
-                Ok(()) => return Ok(shard.read_local(f)),
-                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if Instant::now() < deadline => {
-                    metrics::counter!("twinhub_route_read_retries_total").increment(1);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(100));
+            let (target, r) = match self.shards.local(shard) {
+                Some(s) => (Some(t.node_id()), s.linearize().await.map(|()| s.read_local(|st| op.run(st)))),
+                None => {
+                    let target = retry.pick(&self.shards.route(shard));
+                    let r = match target {
+                        Some(n) => self.remote_read(t, n, shard, &op).await,
+                        None => Err(ShardError::NotLeader { shard, leader: None }),
+                    };
+                    (target, r)
                 }
-                Err(e) => return Err(e),
+            };
+            if retry.again(&self.shards, shard, target, &r).await {
+                metrics::counter!("twinhub_route_read_retries_total").increment(1);
+                continue;
             }
+            return r;
+        }
+    }
+
+    async fn remote_read(&self, t: &Transport, node: NodeId, shard: ShardId, op: &ReadOp) -> Result<ReadOut, ShardError> {
+        let body = postcard::to_allocvec(&(shard, op)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
+        metrics::counter!("twinhub_route_forwarded_reads_total").increment(1);
+        match t.call(node, READ_CALL, body.into(), Some(FORWARD_TIMEOUT)).await {
+            Ok(answer) => serde_json::from_slice::<Result<ReadOut, ShardError>>(&answer)
+                .map_err(|e| ShardError::Fatal { shard, msg: format!("bad forwarded answer: {e}") })?,
+            Err(e) => {
+                tracing::debug!(shard, node, "forwarding a read: {e}");
+                Err(ShardError::NotLeader { shard, leader: None })
+            }
+        }
+    }
+
+    /// Credentials of a device or module (`None`: no such identity).
+    pub async fn credentials(&self, id: &TwinId) -> Result<Option<crate::model::Credentials>, ShardError> {
+        match self.read(&id.device_id, ReadOp::Credentials(id.clone())).await? {
+            ReadOut::Credentials(c) => Ok(c),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// A document read (`twin`, `twin_properties`, `module`).
+    pub async fn doc(&self, device_id: &str, op: ReadOp) -> Result<Result<Value, TwinError>, ShardError> {
+        match self.read(device_id, op).await? {
+            ReadOut::Doc(d) => Ok(d),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// The Device document, or `None`.
+    pub async fn device(&self, device_id: &str) -> Result<Option<Value>, ShardError> {
+        match self.read(device_id, ReadOp::Device(device_id.to_string())).await? {
+            ReadOut::MaybeDoc(d) => Ok(d),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// A list read on one shard (`devices`, `modules`).
+    pub async fn docs(&self, shard: ShardId, op: ReadOp) -> Result<Result<Vec<Value>, TwinError>, ShardError> {
+        match self.read_shard(shard, op).await? {
+            ReadOut::Docs(d) => Ok(d),
+            other => Err(mismatch(other)),
+        }
+    }
+
+    /// Device counts of one shard.
+    pub async fn stats(&self, shard: ShardId) -> Result<crate::model::DeviceStats, ShardError> {
+        match self.read_shard(shard, ReadOp::Stats).await? {
+            ReadOut::Stats(s) => Ok(s),
+            other => Err(mismatch(other)),
         }
     }
 
@@ -145,5 +226,60 @@ impl Twins {
     pub async fn shutdown(&self) {
         self.sweeper.abort();
         self.registry.stop_all().await;
+    }
+}
+
+fn mismatch(other: ReadOut) -> ShardError {
+    ShardError::Fatal { shard: 0, msg: read::Mismatch(other).to_string() }
+}
+
+/// The retry policy of routed requests: walk the shard's route (leader first, then its replicas),
+/// follow leader hints, pause a little between rounds, give up after [`ROUTE_DEADLINE`].
+struct Retry {
+    deadline: Instant,
+    pause: Duration,
+    attempt: usize,
+}
+
+impl Retry {
+    fn new() -> Retry {
+        Retry { deadline: Instant::now() + ROUTE_DEADLINE, pause: Duration::from_millis(20), attempt: 0 }
+    }
+
+    fn pick(&self, route: &[NodeId]) -> Option<NodeId> {
+        route.get(self.attempt % route.len().max(1)).copied()
+    }
+
+    /// Whether to try again after `r` from `target`; remembers leader hints.
+    async fn again<T>(&mut self, shards: &Shards, shard: ShardId, target: Option<NodeId>, r: &Result<T, ShardError>) -> bool {
+        match r {
+            Ok(_) => {
+                if shards.local(shard).is_none() {
+                    shards.note_leader(shard, target);
+                }
+                false
+            }
+            Err(ShardError::NotLeader { leader, .. }) if Instant::now() < self.deadline => {
+                match leader {
+                    Some(l) if Some(*l) != target => shards.note_leader(shard, Some(*l)),
+                    _ => {
+                        shards.note_leader(shard, None);
+                        self.attempt += 1;
+                    }
+                }
+                metrics::counter!("twinhub_route_retries_total").increment(1);
+                tokio::time::sleep(self.pause).await;
+                self.pause = (self.pause * 2).min(Duration::from_millis(100));
+                true
+            }
+            Err(ShardError::Timeout { .. }) if Instant::now() < self.deadline => {
+                self.attempt += 1;
+                metrics::counter!("twinhub_route_retries_total").increment(1);
+                tokio::time::sleep(self.pause).await;
+                self.pause = (self.pause * 2).min(Duration::from_millis(100));
+                true
+            }
+            _ => false,
+        }
     }
 }

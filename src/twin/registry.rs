@@ -62,7 +62,10 @@ impl ActorRegistry {
 
     /// Sends `cmd` to the twin's actor (spawning it if needed) and waits for the outcome.
     pub async fn write(&self, id: &TwinId, cmd: Command) -> Result<Applied, ShardError> {
-        let shard = self.shards.for_device(&id.device_id).clone();
+        let shard_id = self.shards.shard_of(&id.device_id);
+        let Some(shard) = self.shards.local(shard_id) else {
+            return Err(ShardError::NotLeader { shard: shard_id, leader: None });
+        };
         // A dead actor (stopped between lookup and send, or crashed) is replaced once; the command is not
         // yet proposed in that case, so resending it is safe (and its request id dedupes regardless).
         let mut cmd = Some(cmd);

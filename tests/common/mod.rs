@@ -757,3 +757,6 @@ pub fn twin_state(twin: &Value) -> Value {
         "properties": twin.get("properties"),
     })
 }
+
+/// Multi-node clusters (`twinhub cluster up`).
+pub mod cluster;

@@ -1,0 +1,391 @@
+//! The reconciler: every node, every half second, moves what it is responsible for towards the
+//! cluster map.
+//!
+//! - The metadata leader founds the map, keeps every member in the metadata group (voters: the lowest
+//!   active ids; everyone else a learner, so every node has the map) and forgets drained nodes.
+//! - Every node opens the groups the map places on it, and closes those it has been removed from.
+//! - A shard's leader changes its group's membership towards the map's replicas, one openraft step at
+//!   a time: add a learner and wait for it to catch up, promote it, and only then remove the replica
+//!   that leaves (so a shard never has fewer than its replication factor while it moves). It hands
+//!   leadership to the map's preferred leader once that replica has caught up.
+//! - Every node tails the change events of the shards it does not host (see [`super::tail`]).
+//!
+//! Each step is idempotent and derived from the current map and memberships only, so a node that
+//! crashes mid-move, or a leader that changes, simply continues from what is there.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::ChangeMembers;
+
+use super::tail::{EventPage, EVENTS_CALL, LONG_POLL};
+use super::types::Node;
+use super::{Shard, ShardError, Shards};
+use crate::cluster::map::{ClusterOp, MemberState, REPLICATION_FACTOR};
+use crate::ids::{NodeId, ShardId};
+
+/// Transport call answering this node's view of the groups it hosts: `()` in,
+/// `serde_json(Vec<ShardStatus>)` out.
+pub const STATUS_CALL: &str = "node.status";
+
+/// Transport call a shard leader sends a replica it removed, so the replica closes its group at once
+/// (a removed replica never hears the final membership from Raft itself): `postcard(ShardId)` in.
+pub const DROPPED_CALL: &str = "shard.dropped";
+
+/// Entries a replica may lag before it is given leadership.
+const CAUGHT_UP: u64 = 100;
+
+/// Tasks a node runs next to its groups: event tails of shards hosted elsewhere.
+#[derive(Default)]
+pub struct Reconciler {
+    tails: HashMap<ShardId, tokio::task::JoinHandle<()>>,
+    passes: u64,
+}
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        for (_, t) in self.tails.drain() {
+            t.abort();
+        }
+    }
+}
+
+impl Shards {
+    /// Registers the calls the reconciler answers. Call once after [`Shards::open`].
+    pub fn serve_reconciler_calls(self: &Arc<Self>) {
+        let Some(t) = &self.config.transport else { return };
+        let s = Arc::downgrade(self);
+        t.handlers().register(STATUS_CALL, move |_from, _body: bytes::Bytes| {
+            let s = s.clone();
+            async move {
+                let status = s.upgrade().map(|s| s.status()).unwrap_or_default();
+                serde_json::to_vec(&status)
+                    .map(bytes::Bytes::from)
+                    .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+            }
+        });
+        let s = Arc::downgrade(self);
+        t.handlers().register(DROPPED_CALL, move |_from, body: bytes::Bytes| {
+            let s = s.clone();
+            async move {
+                let id: ShardId = postcard::from_bytes(&body)
+                    .map_err(|e| crate::cluster::transport::CallError(format!("bad shard id: {e}")))?;
+                if let Some(s) = s.upgrade() {
+                    if !s.map().replicas(id).contains(&s.node_id) {
+                        s.close_group(id).await;
+                    }
+                }
+                Ok(bytes::Bytes::new())
+            }
+        });
+    }
+
+    /// One reconciliation pass (see the module doc). Never fails: what cannot be done now is retried
+    /// on the next pass.
+    pub async fn reconcile(self: &Arc<Self>, r: &mut Reconciler) {
+        let Some(meta) = self.meta.clone() else { return };
+        r.passes += 1;
+        let map = self.map();
+        if let Some(t) = &self.config.transport {
+            for (id, m) in &map.members {
+                if *id != self.node_id {
+                    t.peers().learn(*id, &m.addr);
+                }
+            }
+        }
+        if meta.is_leader() {
+            self.lead_meta(&meta, r.passes).await;
+        }
+        if !map.is_initialized() {
+            return;
+        }
+        for id in map.shards_of(self.node_id) {
+            if let Err(e) = self.ensure_group(id, &map).await {
+                tracing::warn!(shard = id, "opening a replica the map places here: {e}");
+            }
+        }
+        for shard in self.hosted() {
+            let target: BTreeSet<NodeId> = map.replicas(shard.id).into_iter().collect();
+            if shard.is_leader() {
+                self.lead_shard(&shard, &target, map.preferred_leader(shard.id)).await;
+            } else if !target.contains(&self.node_id) && !shard.is_member(self.node_id) {
+                self.close_group(shard.id).await;
+            }
+        }
+        // Event tails for the shards hosted elsewhere.
+        r.tails.retain(|id, task| {
+            let keep = !task.is_finished() && self.local(*id).is_none();
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        if self.config.events.is_some() {
+            for id in 0..self.shard_count {
+                if self.local(id).is_none() && !r.tails.contains_key(&id) {
+                    r.tails.insert(id, tokio::spawn(tail(Arc::downgrade(self), id)));
+                }
+            }
+        }
+    }
+
+    /// Metadata leader duties.
+    async fn lead_meta(self: &Arc<Self>, meta: &Arc<Shard>, pass: u64) {
+        let map = self.map();
+        if !map.is_initialized() {
+            let op = ClusterOp::Init {
+                shard_count: self.shard_count,
+                rf: REPLICATION_FACTOR,
+                members: self.config.members.clone(),
+            };
+            if let Err(e) = self.propose(op).await {
+                tracing::warn!("founding the cluster map: {e}");
+            }
+            return;
+        }
+        let membership = meta.raft.metrics().borrow_watched().membership_config.membership().clone();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let nodes: BTreeSet<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
+        // Every member follows the map (as a learner at least).
+        let missing: BTreeMap<NodeId, Node> = map
+            .members
+            .iter()
+            .filter(|(id, _)| !nodes.contains(id))
+            .map(|(id, m)| (*id, Node { addr: m.addr.clone() }))
+            .collect();
+        for (id, node) in missing {
+            if let Err(e) = meta.raft.add_learner(id, node, false).await {
+                tracing::warn!(node = id, "adding a metadata learner: {e}");
+                return;
+            }
+        }
+        let target: BTreeSet<NodeId> = map.meta_voters().into_iter().collect();
+        let change = if let Some(v) = target.iter().find(|v| !voters.contains(v)) {
+            Some(ChangeMembers::AddVoterIds([*v].into()))
+        } else if let Some(v) = voters.iter().find(|v| !target.contains(v) && **v != self.node_id) {
+            // Demoted to a learner: it still follows the map.
+            Some(ChangeMembers::RemoveVoters([*v].into()))
+        } else if voters.contains(&self.node_id) && !target.contains(&self.node_id) {
+            if let Some(to) = target.iter().next() {
+                let _ = meta.raft.trigger().transfer_leader(*to).await;
+            }
+            None
+        } else {
+            let gone: BTreeSet<NodeId> =
+                nodes.iter().filter(|n| !map.members.contains_key(n) && !voters.contains(n)).copied().collect();
+            (!gone.is_empty()).then_some(ChangeMembers::RemoveNodes(gone))
+        };
+        if let Some(change) = change {
+            tracing::info!(?change, "metadata group membership");
+            if let Err(e) = meta.raft.change_membership(change, true).await {
+                tracing::warn!("metadata membership change: {e}");
+            }
+        }
+        // Forget drained nodes (every two seconds: it asks every node).
+        let leaving: Vec<NodeId> =
+            map.members.iter().filter(|(_, m)| m.state == MemberState::Leaving).map(|(id, _)| *id).collect();
+        if !leaving.is_empty() && pass % 4 == 0 {
+            let views = self.cluster_status().await;
+            for node in leaving {
+                if self.drained(node, &views) {
+                    match self.propose(ClusterOp::Forget { id: node }).await {
+                        Ok(()) => tracing::info!(node, "node drained: its id is retired"),
+                        Err(e) => tracing::debug!(node, "forgetting a drained node: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// True when, for every shard, the view of its leader names `node` neither as voter nor learner.
+    fn drained(&self, node: NodeId, views: &BTreeMap<NodeId, Vec<ShardStatusView>>) -> bool {
+        (0..self.shard_count).all(|id| {
+            let leader_view = views.values().flatten().filter(|s| s.shard == id && s.is_leader).max_by_key(|s| s.term);
+            leader_view.is_some_and(|s| !s.voters.contains(&node) && !s.learners.contains(&node))
+        })
+    }
+
+    /// Every reachable node's view of the groups it hosts (this one included), by node.
+    pub async fn cluster_status(&self) -> BTreeMap<NodeId, Vec<ShardStatusView>> {
+        let mut out = BTreeMap::from([(self.node_id, self.status().into_iter().map(ShardStatusView::from).collect())]);
+        let Some(t) = &self.config.transport else { return out };
+        let members: Vec<NodeId> = self.map().members.keys().copied().collect();
+        let calls = members.iter().filter(|id| **id != self.node_id).map(|id| {
+            let t = t.clone();
+            let id = *id;
+            async move {
+                let r = t.call(id, STATUS_CALL, bytes::Bytes::new(), Some(Duration::from_secs(1))).await;
+                (id, r.ok().and_then(|b| serde_json::from_slice::<Vec<ShardStatusView>>(&b).ok()))
+            }
+        });
+        for (id, view) in futures::future::join_all(calls).await {
+            if let Some(v) = view {
+                out.insert(id, v);
+            }
+        }
+        out
+    }
+
+    /// Shard leader duties: membership towards `target`, then leadership to the preferred replica.
+    async fn lead_shard(self: &Arc<Self>, shard: &Arc<Shard>, target: &BTreeSet<NodeId>, preferred: Option<NodeId>) {
+        if target.is_empty() {
+            return;
+        }
+        let st = shard.status();
+        let voters: BTreeSet<NodeId> = st.voters.iter().copied().collect();
+        let learners: BTreeSet<NodeId> = st.learners.iter().copied().collect();
+        let busy = {
+            let changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+            changing.contains(&shard.id)
+        };
+        if busy {
+            return;
+        }
+        let map = self.map();
+        if let Some(add) = target.iter().find(|n| !voters.contains(n)).copied() {
+            let Some(addr) = map.addr(add).map(str::to_string) else { return };
+            self.spawn_change(shard.clone(), move |s| async move { s.add_voter(add, &addr).await });
+            return;
+        }
+        if let Some(remove) = voters.iter().find(|n| !target.contains(n) && **n != self.node_id).copied() {
+            let me = Arc::downgrade(self);
+            self.spawn_change(shard.clone(), move |s| async move {
+                s.remove_voter(remove).await?;
+                notify_dropped(me, s.id, remove).await;
+                Ok(())
+            });
+            return;
+        }
+        if let Some(stray) = learners.iter().find(|n| !target.contains(n)).copied() {
+            self.spawn_change(shard.clone(), move |s| async move { s.remove_learner(stray).await });
+            return;
+        }
+        // Leadership: to the preferred replica, or away from this node if the map moved it off.
+        let to = match preferred {
+            Some(p) if p != self.node_id && voters.contains(&p) => Some(p),
+            _ if !target.contains(&self.node_id) => target.iter().next().copied(),
+            _ => None,
+        };
+        if let Some(to) = to {
+            if st.lag.get(&to).is_some_and(|lag| *lag < CAUGHT_UP) {
+                tracing::info!(shard = shard.id, to, "moving leadership to its preferred replica");
+                let _ = shard.raft.trigger().transfer_leader(to).await;
+            }
+        }
+    }
+
+    /// Runs one membership change of `shard` in the background (adding a learner waits for it to catch
+    /// up, which can take a snapshot transfer); the shard is skipped by later passes until it is done.
+    fn spawn_change<F, Fut>(self: &Arc<Self>, shard: Arc<Shard>, change: F)
+    where
+        F: FnOnce(Arc<Shard>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), ShardError>> + Send + 'static,
+    {
+        self.changing.lock().unwrap_or_else(|e| e.into_inner()).insert(shard.id);
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let id = shard.id;
+            match tokio::time::timeout(Duration::from_secs(120), change(shard)).await {
+                Ok(Ok(())) => tracing::info!(shard = id, "membership step done"),
+                Ok(Err(e)) => tracing::warn!(shard = id, "membership step: {e}"),
+                Err(_) => tracing::warn!(shard = id, "membership step timed out"),
+            }
+            if let Some(s) = me.upgrade() {
+                s.changing.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            }
+        });
+    }
+}
+
+/// What a peer reports of one group (the fields of `ShardStatus` the reconciler needs).
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct ShardStatusView {
+    pub shard: ShardId,
+    pub is_leader: bool,
+    pub term: u64,
+    pub voters: Vec<NodeId>,
+    pub learners: Vec<NodeId>,
+}
+
+impl From<super::ShardStatus> for ShardStatusView {
+    fn from(s: super::ShardStatus) -> Self {
+        ShardStatusView { shard: s.shard, is_leader: s.is_leader, term: s.term, voters: s.voters, learners: s.learners }
+    }
+}
+
+async fn notify_dropped(me: Weak<Shards>, shard: ShardId, node: NodeId) {
+    let Some(t) = me.upgrade().and_then(|s| s.config.transport.clone()) else { return };
+    let Ok(body) = postcard::to_allocvec(&shard) else { return };
+    if let Err(e) = t.call(node, DROPPED_CALL, body.into(), Some(Duration::from_secs(2))).await {
+        tracing::debug!(shard, node, "telling a removed replica: {e}");
+    }
+}
+
+/// Follows the change events of a shard hosted elsewhere and hands them to this node's hub, until the
+/// shard is hosted here (or the node stops).
+async fn tail(shards: Weak<Shards>, id: ShardId) {
+    let mut cursor: Option<u64> = None;
+    let mut attempt = 0usize;
+    loop {
+        let Some(s) = shards.upgrade() else { return };
+        if s.local(id).is_some() {
+            return;
+        }
+        let (Some(t), Some(sink)) = (s.config.transport.clone(), s.config.events.clone()) else { return };
+        let route = s.route(id);
+        drop(s);
+        let Some(node) = route.get(attempt % route.len().max(1)).copied() else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let Ok(body) = postcard::to_allocvec(&(id, cursor)) else { return };
+        let answer = t.call(node, EVENTS_CALL, body.into(), Some(LONG_POLL + Duration::from_secs(3))).await;
+        let page = answer
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Result<EventPage, ShardError>>(&b).map_err(|e| e.to_string()))
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match page {
+            Ok(page) => {
+                if page.gap {
+                    metrics::counter!("twinhub_event_tail_gaps_total").increment(1);
+                    tracing::warn!(shard = id, node, "event tail fell behind: some change events were skipped");
+                }
+                let mut last = cursor;
+                for (index, events) in &page.entries {
+                    (sink.0)(id, events);
+                    last = Some(*index);
+                }
+                cursor = match (last, cursor) {
+                    (Some(l), _) => Some(l),
+                    (None, None) => Some(page.head),
+                    (None, c) => c,
+                };
+            }
+            Err(e) => {
+                tracing::debug!(shard = id, node, "event tail: {e}");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+impl Shard {
+    /// Whether `node` is a voter or learner of this group as this replica knows it.
+    pub fn is_member(&self, node: NodeId) -> bool {
+        let m = self.raft.metrics().borrow_watched().membership_config.clone();
+        let member = m.membership().voter_ids().any(|v| v == node) || m.membership().learner_ids().any(|v| v == node);
+        member
+    }
+
+    /// Drops a learner that the map no longer wants (e.g. an add that was abandoned midway).
+    pub async fn remove_learner(&self, node: NodeId) -> Result<(), ShardError> {
+        match self.raft.change_membership(ChangeMembers::RemoveNodes([node].into()), false).await {
+            Ok(_) => Ok(()),
+            Err(openraft::error::RaftError::APIError(e)) => Err(super::write_error(self.id, e)),
+            Err(openraft::error::RaftError::Fatal(f)) => Err(super::fatal_error(self.id, &f)),
+        }
+    }
+}
