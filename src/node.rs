@@ -124,10 +124,17 @@ impl Node {
             events: Some(hub.sink()),
             transport: transport.clone(),
             members: config.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
+            join: config.cluster.as_ref().and_then(|c| c.join.clone()),
+            heartbeat_ms: config.raft_heartbeat_ms,
         })
         .await?;
         shards.serve_reconciler_calls();
-        let twins = Twins::new(shards.clone(), TwinsConfig::default(), transport);
+        if let Some(c) = config.cluster.as_ref().filter(|c| c.join.is_some()) {
+            let (s, via, advertise) = (shards.clone(), c.join.clone().unwrap_or_default(), c.advertise.clone());
+            tokio::spawn(async move { s.join(&via, &advertise).await });
+        }
+        let twins_config = TwinsConfig { follower_reads: config.follower_reads, ..TwinsConfig::default() };
+        let twins = Twins::new(shards.clone(), twins_config, transport);
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
             hub: Some(hub.clone()),

@@ -76,6 +76,9 @@ pub struct UpArgs {
     /// How long to wait for the cluster to become ready, in seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// Raft heartbeat of every node in milliseconds (elections time out after 3 to 6 heartbeats)
+    #[arg(long)]
+    pub raft_heartbeat_ms: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -102,6 +105,9 @@ pub struct ClusterFile {
     pub ca: PathBuf,
     pub hostname: String,
     pub shard_count: u32,
+    /// Raft heartbeat the nodes were configured with (`None`: the node default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raft_heartbeat_ms: Option<u64>,
     pub nodes: Vec<NodeEntry>,
 }
 
@@ -237,9 +243,10 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
         key: certs.server_key.clone(),
         bin: bin.clone(),
         removed: Vec::new(),
+        raft_heartbeat_ms: a.raft_heartbeat_ms,
     };
     for (i, id) in ids.iter().enumerate() {
-        let entry = prepare_node(&dir, &file, *id, &ports[i * 5..i * 5 + 5], &peers, &policies_json)?;
+        let entry = prepare_node(&dir, &file, *id, &ports[i * 5..i * 5 + 5], &peers, None, &policies_json)?;
         file.nodes.push(entry);
     }
     for n in file.nodes.iter_mut() {
@@ -279,6 +286,7 @@ fn prepare_node(
     id: u64,
     ports: &[u16],
     peers: &BTreeMap<u64, SocketAddr>,
+    join: Option<SocketAddr>,
     policies_json: &[u8],
 ) -> Result<NodeEntry, LauncherError> {
     let node_dir = dir.join(format!("node-{id}"));
@@ -322,8 +330,10 @@ fn prepare_node(
         shards = file.shard_count,
         cert = file.cert.display().to_string(),
         key = file.key.display().to_string(),
-        cluster = if peers.len() > 1 {
-            format!("cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n", entry.cluster, file.secret)
+        cluster = if peers.len() > 1 || join.is_some() {
+            let join = join.map(|j| format!("join = \"{j}\"\n")).unwrap_or_default();
+            let hb = file.raft_heartbeat_ms.map(|h| format!("raft_heartbeat_ms = {h}\n")).unwrap_or_default();
+            format!("cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n{join}{hb}", entry.cluster, file.secret)
         } else {
             String::new()
         },
@@ -420,33 +430,32 @@ fn call_any(file: &ClusterFile, skip: Option<u64>, method: hyper::Method, path: 
     Err(LauncherError::Usage(format!("{method} {path} failed: {last}")))
 }
 
-/// Starts a new node (a never-used id) and makes it a voter of every shard.
+/// Starts a new node (a never-used id) that joins through a live member, and waits until replicas and
+/// leaderships have rebalanced onto it.
 fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
     let mut file = read_cluster_file(dir)?;
     let id = file.nodes.iter().map(|n| n.id).chain(file.removed.iter().copied()).max().unwrap_or(0) + 1;
     let ports = free_ports(5)?;
-    let mut peers: BTreeMap<u64, SocketAddr> = file.nodes.iter().map(|n| (n.id, n.cluster)).collect();
-    peers.insert(id, loopback(ports[4]));
+    // The new node knows only itself and joins through a member (as on real machines, `--join`).
+    let peers: BTreeMap<u64, SocketAddr> = BTreeMap::from([(id, loopback(ports[4]))]);
+    let via = file.nodes.iter().find(|n| pid_alive(n.pid)).map(|n| n.cluster).ok_or_else(|| LauncherError::Usage("the cluster has no node to join through".into()))?;
     let policies_json = std::fs::read(dir.join("shared").join("policies.json")).map_err(io("reading the shared policies"))?;
-    let mut entry = prepare_node(dir, &file, id, &ports, &peers, &policies_json)?;
+    let mut entry = prepare_node(dir, &file, id, &ports, &peers, Some(via), &policies_json)?;
     spawn_node(&file.bin, &mut entry)?;
     file.nodes.push(entry.clone());
     save(dir, &file)?;
-    // The node serves once started; it becomes ready when it is a voter with a leader everywhere.
     let started = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(timeout);
-    while !std::fs::read_to_string(entry.log.with_extension("stdout")).unwrap_or_default().contains("HostName=") {
+    wait_until(&file, deadline, &format!("the cluster map lists node {id}"), |views| {
         if !pid_alive(entry.pid) {
-            return Err(LauncherError::Exited { id, log: entry.log.display().to_string() });
+            return true;
         }
-        if Instant::now() > deadline {
-            return Err(LauncherError::Timeout(timeout));
-        }
-        std::thread::sleep(Duration::from_millis(100));
+        views.iter().any(|(n, v)| *n != id && v.as_ref().is_some_and(|v| v["map"]["members"].get(id.to_string()).is_some()))
+    })?;
+    if !pid_alive(entry.pid) {
+        return Err(LauncherError::Exited { id, log: entry.log.display().to_string() });
     }
-    let body = serde_json::to_vec(&serde_json::json!({"id": id, "addr": entry.cluster.to_string()})).unwrap_or_default();
-    let r = call_any(&file, Some(id), hyper::Method::POST, "/cluster/members", body)?;
-    eprintln!("node {id} joined the cluster map; {} shard replica(s) move onto it", r["shards"].as_array().map_or(0, Vec::len));
+    eprintln!("node {id} joined the cluster map through {via}; replicas move onto it");
     let tls = super::https::client_config(&file.ca)?;
     let remaining = deadline.saturating_duration_since(Instant::now());
     if let Some(n) = file.nodes.iter_mut().find(|n| n.id == id) {

@@ -61,6 +61,18 @@ pub struct ServeArgs {
     /// forms the groups)
     #[arg(long)]
     pub peers: Option<String>,
+    /// Join a running cluster through any member's inter-node address (HOST:PORT) instead of founding
+    /// one; this node's --node-id must never have been used in that cluster
+    #[arg(long)]
+    pub join: Option<String>,
+    /// Raft heartbeat interval in milliseconds; elections time out after 3 to 6 heartbeats. Lower fails
+    /// over faster and costs more idle CPU per shard [default: 100]
+    #[arg(long)]
+    pub raft_heartbeat_ms: Option<u64>,
+    /// Answer twin reads from this node's replica without asking the leader (may lag the latest
+    /// writes by the replication delay; linearizable reads are the default)
+    #[arg(long)]
+    pub follower_reads: bool,
     /// TOML file with any of the options above (keys with underscores)
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -86,6 +98,9 @@ pub struct FileConfig {
     pub cluster_advertise: Option<String>,
     pub cluster_secret: Option<String>,
     pub peers: Option<String>,
+    pub join: Option<String>,
+    pub raft_heartbeat_ms: Option<u64>,
+    pub follower_reads: Option<bool>,
 }
 
 /// How this node takes part in a cluster (`None` in [`Config::cluster`]: a single-node hub).
@@ -97,6 +112,8 @@ pub struct ClusterConfig {
     pub secret: String,
     /// Founding members (id → inter-node address), this node included.
     pub peers: std::collections::BTreeMap<u64, String>,
+    /// A member's inter-node address to join through (a node added to a running cluster).
+    pub join: Option<String>,
 }
 
 /// The resolved configuration of a node.
@@ -116,6 +133,8 @@ pub struct Config {
     pub snapshot_every: u64,
     pub node_id: u64,
     pub cluster: Option<ClusterConfig>,
+    pub raft_heartbeat_ms: u64,
+    pub follower_reads: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,12 +211,34 @@ impl Config {
                 let peers_text = args.peers.or_else(|| env("TWINHUB_PEERS")).or(file.peers).unwrap_or_default();
                 let mut peers = parse_peers(&peers_text)?;
                 peers.entry(node_id).or_insert_with(|| advertise.clone());
-                Some(ClusterConfig { listen, advertise, secret, peers })
+                let join = args.join.or_else(|| env("TWINHUB_JOIN")).or(file.join);
+                if let Some(j) = &join {
+                    if !j.contains(':') {
+                        return Err(ConfigError::Invalid { option: "join", value: j.clone(), expected: "HOST:PORT of a member's --cluster-listen" });
+                    }
+                }
+                Some(ClusterConfig { listen, advertise, secret, peers, join })
             }
         };
+        let raft_heartbeat_ms = match args.raft_heartbeat_ms {
+            Some(n) => n,
+            None => env("TWINHUB_RAFT_HEARTBEAT_MS")
+                .map(|v| parse_u("TWINHUB_RAFT_HEARTBEAT_MS", v))
+                .transpose()?
+                .or(file.raft_heartbeat_ms)
+                .unwrap_or(100),
+        };
+        if !(10..=10_000).contains(&raft_heartbeat_ms) {
+            return Err(ConfigError::Invalid { option: "raft-heartbeat-ms", value: raft_heartbeat_ms.to_string(), expected: "interval in milliseconds (10..=10000)" });
+        }
+        let follower_reads = args.follower_reads
+            || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+            || file.follower_reads.unwrap_or(false);
         Ok(Config {
             node_id,
             cluster,
+            raft_heartbeat_ms,
+            follower_reads,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir).unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
             mqtt_listen: addr("mqtt-listen", mqtt)?,

@@ -74,6 +74,10 @@ pub struct ShardsConfig {
     /// Founding members (id → inter-node address) every group starts with. Only the lowest id
     /// initializes the groups; the others learn the membership from its log. Empty: this node alone.
     pub members: BTreeMap<NodeId, String>,
+    /// A member's address this node joins through (it is then not a founder).
+    pub join: Option<String>,
+    /// Raft heartbeat; elections time out after 3 to 6 heartbeats.
+    pub heartbeat_ms: u64,
 }
 
 /// Receives the events of every applied command: on every replica, in log order within a shard, after
@@ -301,9 +305,9 @@ fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>, ShardErro
     let every = config.snapshot_every.max(1);
     let cfg = openraft::Config {
         cluster_name: "twinhub".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 300,
-        election_timeout_max: 600,
+        heartbeat_interval: config.heartbeat_ms,
+        election_timeout_min: 3 * config.heartbeat_ms,
+        election_timeout_max: 6 * config.heartbeat_ms,
         // A partitioned node rejoining must not depose a healthy leader by bumping terms.
         enable_pre_vote: Some(true),
         // Snapshots travel in one RPC: the default 200 ms deadline cannot carry a large shard.
@@ -372,7 +376,7 @@ impl Shards {
         let store = Arc::new(Store::open(&config.data_dir.join("raft")).map_err(|e| storage_error(0, e))?);
         let raft_config = raft_config(&config)?;
         let router = config.transport.clone().map_or_else(ShardRouter::default, ShardRouter::new);
-        let clustered = config.transport.is_some() && config.members.len() > 1;
+        let clustered = config.transport.is_some() && (config.members.len() > 1 || config.join.is_some());
         let mut shards = Shards {
             node_id: config.node_id,
             shard_count: config.shard_count.max(1),
@@ -403,7 +407,7 @@ impl Shards {
         }
         // The metadata group: the lowest founding id forms it with the first founding ids as voters.
         let founders: Vec<NodeId> = shards.config.members.keys().copied().collect();
-        let founder = founders.first().copied() == Some(shards.node_id);
+        let founder = founders.first().copied() == Some(shards.node_id) && shards.config.join.is_none();
         let voters: BTreeMap<NodeId, Node> = shards
             .config
             .members
@@ -799,7 +803,7 @@ mod layout_tests {
     use super::*;
 
     fn config(dir: &std::path::Path, shard_count: u32) -> ShardsConfig {
-        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000, events: None, transport: None, members: BTreeMap::new() }
+        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000, events: None, transport: None, members: BTreeMap::new(), join: None, heartbeat_ms: 100 }
     }
 
     #[test]

@@ -34,6 +34,14 @@ pub const STATUS_CALL: &str = "node.status";
 /// (a removed replica never hears the final membership from Raft itself): `postcard(ShardId)` in.
 pub const DROPPED_CALL: &str = "shard.dropped";
 
+/// Transport call a starting node (`--join`) sends to any member: `serde_json((NodeId, addr))` in,
+/// `serde_json(Result<(), ShardError>)` out; the member proposes the node to the cluster map.
+pub const JOIN_CALL: &str = "cluster.join";
+
+/// Peer-table id under which a joining node dials the address it joins through (it does not know
+/// that member's id yet; node ids are never this large).
+pub const JOIN_PEER: NodeId = NodeId::MAX;
+
 /// Entries a replica may lag before it is given leadership.
 const CAUGHT_UP: u64 = 100;
 
@@ -67,6 +75,19 @@ impl Shards {
             }
         });
         let s = Arc::downgrade(self);
+        t.handlers().register(JOIN_CALL, move |_from, body: bytes::Bytes| {
+            let s = s.clone();
+            async move {
+                let (id, addr): (NodeId, String) = serde_json::from_slice(&body)
+                    .map_err(|e| crate::cluster::transport::CallError(format!("bad join request: {e}")))?;
+                let r = match s.upgrade() {
+                    Some(s) => s.propose(ClusterOp::AddNode { id, addr }).await,
+                    None => Err(ShardError::ShuttingDown { shard: super::META }),
+                };
+                serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+            }
+        });
+        let s = Arc::downgrade(self);
         t.handlers().register(DROPPED_CALL, move |_from, body: bytes::Bytes| {
             let s = s.clone();
             async move {
@@ -80,6 +101,31 @@ impl Shards {
                 Ok(bytes::Bytes::new())
             }
         });
+    }
+
+    /// Asks the cluster to add this node (`--join`), through the given member, until the map lists it.
+    /// A refusal (a retired id, an id in use at another address) is final and logged as an error.
+    pub async fn join(self: &Arc<Self>, via: &str, advertise: &str) {
+        let Some(t) = self.config.transport.clone() else { return };
+        t.peers().set(JOIN_PEER, via.to_string());
+        let mut pause = Duration::from_millis(200);
+        while !self.map().members.contains_key(&self.node_id) {
+            let Ok(body) = serde_json::to_vec(&(self.node_id, advertise)) else { return };
+            match t.call(JOIN_PEER, JOIN_CALL, body.into(), Some(Duration::from_secs(15))).await {
+                Ok(answer) => match serde_json::from_slice::<Result<(), ShardError>>(&answer) {
+                    Ok(Ok(())) => tracing::info!(via, "joined the cluster map; waiting for replicas"),
+                    Ok(Err(ShardError::Refused { msg })) => {
+                        tracing::error!(via, "the cluster refused this node: {msg}");
+                        return;
+                    }
+                    Ok(Err(e)) => tracing::warn!(via, "joining: {e}"),
+                    Err(e) => tracing::warn!(via, "joining: bad answer: {e}"),
+                },
+                Err(e) => tracing::warn!(via, "joining: {e}"),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
     }
 
     /// One reconciliation pass (see the module doc). Never fails: what cannot be done now is retried

@@ -33,7 +33,7 @@ async fn fjall_store_passes_openraft_storage_suite() {
 }
 
 fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> ShardsConfig {
-    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every, events: None, transport: None, members: Default::default() }
+    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every, events: None, transport: None, members: Default::default(), join: None, heartbeat_ms: 100 }
 }
 
 fn put_device(id: &str) -> Command {

@@ -25,11 +25,14 @@ pub use registry::ActorRegistry;
 pub struct TwinsConfig {
     /// An actor with no request for this long is stopped.
     pub idle_after: Duration,
+    /// Reads on a node that hosts a replica are answered from it without the leader's read index
+    /// (stale by at most the replication lag). Off: every read is linearizable.
+    pub follower_reads: bool,
 }
 
 impl Default for TwinsConfig {
     fn default() -> Self {
-        TwinsConfig { idle_after: Duration::from_secs(30) }
+        TwinsConfig { idle_after: Duration::from_secs(30), follower_reads: false }
     }
 }
 
@@ -53,6 +56,7 @@ pub struct Twins {
     sweeper: tokio::task::JoinHandle<()>,
     /// Present in a cluster: writes for shards led elsewhere are forwarded to the leader.
     transport: Option<Transport>,
+    follower_reads: bool,
 }
 
 impl Twins {
@@ -92,7 +96,7 @@ impl Twins {
                 }
             });
         }
-        Arc::new(Twins { shards, registry, sweeper, transport })
+        Arc::new(Twins { shards, registry, sweeper, transport, follower_reads: config.follower_reads })
     }
 
     /// Orders `cmd` behind earlier requests for `id` on the node that leads the twin's shard (this one,
@@ -146,6 +150,7 @@ impl Twins {
         let mut retry = Retry::new();
         loop {
             let (target, r) = match self.shards.local(shard) {
+                Some(s) if self.follower_reads => return Ok(s.read_local(|st| op.run(st))),
                 Some(s) => (Some(t.node_id()), s.linearize().await.map(|()| s.read_local(|st| op.run(st)))),
                 None => {
                     let target = retry.pick(&self.shards.route(shard));
