@@ -18,6 +18,7 @@
 //!   cargo bench --bench failover
 //!
 //! Environment: `FAILOVER_ROUNDS` (5), `FAILOVER_SHARDS` (16), `FAILOVER_WRITERS` (4, one twin each),
+//! `FAILOVER_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`; default: the node default, 100),
 //! `FAILOVER_KEEP=1` keeps the cluster directory (node logs; `killed_unix_ms` in the JSON finds each
 //! kill in them).
 //! Progress on stderr; results on stdout and in `target/failover.json`. Asserts nothing about numbers.
@@ -89,6 +90,9 @@ impl Cluster {
         let mut c = Cluster { root: Some(root), dir: dir.clone(), owner_key: String::new(), ca_pem: Vec::new(), nodes: Vec::new(), restarted: Vec::new() };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
         cmd.args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()]).arg("--dir").arg(&dir);
+        if let Ok(hb) = std::env::var("FAILOVER_HEARTBEAT_MS") {
+            cmd.args(["--raft-heartbeat-ms", &hb]);
+        }
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("TWINHUB_") {
                 cmd.env_remove(&k);

@@ -9,7 +9,8 @@
 //!   cargo bench --bench idle_cpu
 //!
 //! Environment: `IDLE_SECS` (30) measurement window, `IDLE_SETTLE_SECS` (10), `IDLE_SHARDS` (16, the
-//! default of `twinhub cluster up`). Results on stdout and in `target/idle_cpu.json`; asserts nothing.
+//! default of `twinhub cluster up`), `IDLE_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`). Results on stdout
+//! and in `target/idle_cpu.json`; asserts nothing.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -90,6 +91,9 @@ fn main() {
     let guard = Guard { _root: root, dir: dir.clone() };
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
     cmd.args(["cluster", "up", "--nodes", "3", "--shard-count", &shards.to_string()]).arg("--dir").arg(&dir);
+    if let Ok(hb) = std::env::var("IDLE_HEARTBEAT_MS") {
+        cmd.args(["--raft-heartbeat-ms", &hb]);
+    }
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("TWINHUB_") {
             cmd.env_remove(&k);
@@ -148,7 +152,8 @@ fn main() {
                          "pct_of_machine": core_pct / cores as f64, "rss_mib": rss_mib, "threads": threads}));
     }
     println!("{:<6} {:>8} {:>11.2}% {:>13.2}%", "total", "", total_core, total_core / cores as f64);
-    println!("(3 nodes × {shards} shards = {} Raft replicas, heartbeat 100 ms; {elapsed:.1}s without client traffic)", 3 * shards);
+    let hb = std::env::var("IDLE_HEARTBEAT_MS").unwrap_or_else(|_| "100".into());
+    println!("(3 nodes × {shards} shards = {} Raft replicas + the metadata group, heartbeat {hb} ms; {elapsed:.1}s without client traffic)", 3 * shards);
 
     let report = json!({
         "bench": "idle_cpu",

@@ -31,6 +31,7 @@ pub mod model;
 pub mod mqtt;
 pub mod node;
 pub mod notify;
+pub mod query;
 pub mod shard;
 pub mod tls;
 pub mod twin;

@@ -340,6 +340,15 @@ pub struct ShardStatus {
     pub healthy: bool,
 }
 
+/// Where a request for one shard can go (see [`Shards::route`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub leader: Option<NodeId>,
+    pub replicas: Vec<NodeId>,
+    /// This node has a replica: its Raft group learns the leader by itself.
+    pub hosted: bool,
+}
+
 /// Group id of the metadata Raft group, which holds the [`ClusterMap`]. Data shards are `0..shard_count`.
 pub const META: ShardId = ShardId::MAX;
 
@@ -554,21 +563,15 @@ impl Shards {
         }
     }
 
-    /// Where to send a request for `shard` this node may not lead: the leader if known, then the
-    /// shard's replicas from the map (so a caller can walk them).
-    pub fn route(&self, shard: ShardId) -> Vec<NodeId> {
-        let mut out = Vec::new();
-        if let Some(l) = self.local(shard).and_then(|s| s.leader()) {
-            out.push(l);
-        } else if let Some(l) = self.hints.lock().unwrap_or_else(|e| e.into_inner()).get(&shard) {
-            out.push(*l);
-        }
-        for r in self.map().replicas(shard) {
-            if !out.contains(&r) {
-                out.push(r);
-            }
-        }
-        out
+    /// Where to send a request for `shard`: its leader as far as this node knows (its own replica's
+    /// view, or the last hint for a shard it does not host) and the shard's replicas from the map.
+    pub fn route(&self, shard: ShardId) -> Route {
+        let local = self.local(shard);
+        let leader = match &local {
+            Some(s) => s.leader(),
+            None => self.hints.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied(),
+        };
+        Route { leader, replicas: self.map().replicas(shard), hosted: local.is_some() }
     }
 
     /// Remembers who leads a shard this node does not replicate.

@@ -382,7 +382,11 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
         let (Some(t), Some(sink)) = (s.config.transport.clone(), s.config.events.clone()) else { return };
         let route = s.route(id);
         drop(s);
-        let Some(node) = route.get(attempt % route.len().max(1)).copied() else {
+        let node = match route.leader {
+            Some(l) if attempt == 0 => Some(l),
+            _ => route.replicas.get(attempt % route.replicas.len().max(1)).copied(),
+        };
+        let Some(node) = node else {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };

@@ -238,50 +238,86 @@ fn mismatch(other: ReadOut) -> ShardError {
     ShardError::Fatal { shard: 0, msg: read::Mismatch(other).to_string() }
 }
 
-/// The retry policy of routed requests: walk the shard's route (leader first, then its replicas),
-/// follow leader hints, pause a little between rounds, give up after [`ROUTE_DEADLINE`].
+/// The retry policy of routed requests: go to the shard's leader as this node knows it; a node that
+/// hosts no replica walks the shard's replicas until one names the leader. A target that timed out or
+/// could not be reached is avoided for a moment (a dead leader stays "the leader" in the local view
+/// until the election ends). Pauses grow to 100 ms; gives up after [`ROUTE_DEADLINE`].
 struct Retry {
     deadline: Instant,
     pause: Duration,
     attempt: usize,
+    avoid: Option<(NodeId, Instant)>,
 }
+
+/// How long a target that timed out is not tried again.
+const AVOID_FOR: Duration = Duration::from_millis(300);
 
 impl Retry {
     fn new() -> Retry {
-        Retry { deadline: Instant::now() + ROUTE_DEADLINE, pause: Duration::from_millis(20), attempt: 0 }
+        Retry { deadline: Instant::now() + ROUTE_DEADLINE, pause: Duration::from_millis(20), attempt: 0, avoid: None }
     }
 
-    fn pick(&self, route: &[NodeId]) -> Option<NodeId> {
-        route.get(self.attempt % route.len().max(1)).copied()
+    fn avoided(&self, n: NodeId) -> bool {
+        self.avoid.is_some_and(|(a, until)| a == n && Instant::now() < until)
+    }
+
+    fn pick(&self, route: &crate::shard::Route) -> Option<NodeId> {
+        if let Some(l) = route.leader.filter(|l| !self.avoided(*l)) {
+            return Some(l);
+        }
+        if route.hosted {
+            // Our own replica will learn the new leader; asking its followers adds nothing.
+            return None;
+        }
+        let candidates: Vec<NodeId> = route.replicas.iter().copied().filter(|n| !self.avoided(*n)).collect();
+        candidates.get(self.attempt % candidates.len().max(1)).copied()
+    }
+
+    async fn pause(&mut self) {
+        metrics::counter!("twinhub_route_retries_total").increment(1);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_millis(100));
     }
 
     /// Whether to try again after `r` from `target`; remembers leader hints.
     async fn again<T>(&mut self, shards: &Shards, shard: ShardId, target: Option<NodeId>, r: &Result<T, ShardError>) -> bool {
+        let hosted = shards.local(shard).is_some();
         match r {
             Ok(_) => {
-                if shards.local(shard).is_none() {
+                if !hosted {
                     shards.note_leader(shard, target);
                 }
                 false
             }
-            Err(ShardError::NotLeader { leader, .. }) if Instant::now() < self.deadline => {
-                match leader {
-                    Some(l) if Some(*l) != target => shards.note_leader(shard, Some(*l)),
-                    _ => {
-                        shards.note_leader(shard, None);
-                        self.attempt += 1;
-                    }
+            _ if Instant::now() >= self.deadline => false,
+            Err(ShardError::NotLeader { leader: Some(l), .. }) if Some(*l) != target => {
+                // A fresh hint: follow it at once.
+                if !hosted {
+                    shards.note_leader(shard, Some(*l));
                 }
-                metrics::counter!("twinhub_route_retries_total").increment(1);
-                tokio::time::sleep(self.pause).await;
-                self.pause = (self.pause * 2).min(Duration::from_millis(100));
+                self.avoid = None;
+                if self.avoided(*l) || hosted {
+                    self.pause().await;
+                }
                 true
             }
-            Err(ShardError::Timeout { .. }) if Instant::now() < self.deadline => {
+            Err(ShardError::NotLeader { .. }) => {
+                if !hosted {
+                    shards.note_leader(shard, None);
+                }
                 self.attempt += 1;
-                metrics::counter!("twinhub_route_retries_total").increment(1);
-                tokio::time::sleep(self.pause).await;
-                self.pause = (self.pause * 2).min(Duration::from_millis(100));
+                self.pause().await;
+                true
+            }
+            Err(ShardError::Timeout { .. }) => {
+                if let Some(t) = target {
+                    self.avoid = Some((t, Instant::now() + AVOID_FOR));
+                }
+                if !hosted {
+                    shards.note_leader(shard, None);
+                }
+                self.attempt += 1;
+                self.pause().await;
                 true
             }
             _ => false,
