@@ -8,6 +8,7 @@ mod body;
 mod changes;
 pub mod error;
 mod metrics;
+mod query;
 mod registry;
 mod serve;
 mod twins;
@@ -141,6 +142,7 @@ async fn remove_member(
 pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/devices", get(registry::list_devices))
+        .route("/devices/query", axum::routing::post(query::query_devices))
         .route(
             "/devices/{id}",
             get(registry::get_device).put(registry::put_device).delete(registry::delete_device),

@@ -204,6 +204,29 @@ impl ShardState {
         Ok(dev.modules.iter().map(|(mid, m)| m.render(device_id, mid)).collect())
     }
 
+    /// Twin documents in (deviceId, moduleId) order, strictly after the key `after` (`[]`,
+    /// `[deviceId]` or `[deviceId, moduleId]`): device twins, or module twins. Rendered one at a time,
+    /// so a query that stops early never renders the rest of the shard.
+    pub fn twins_after<'a>(&'a self, modules: bool, after: &'a [String]) -> Box<dyn Iterator<Item = Value> + 'a> {
+        let first = after.first().map(String::as_str);
+        if !modules {
+            let start = first.map_or(Bound::Unbounded, Bound::Excluded);
+            return Box::new(
+                self.devices.range::<str, _>((start, Bound::Unbounded)).map(|(id, d)| d.render_twin(id, None)),
+            );
+        }
+        let start = first.map_or(Bound::Unbounded, Bound::Included);
+        let after_module = after.get(1).map(String::as_str);
+        Box::new(self.devices.range::<str, _>((start, Bound::Unbounded)).flat_map(move |(id, d)| {
+            let skip_to = if Some(id.as_str()) == first { after_module } else { None };
+            let same_device_without_module = Some(id.as_str()) == first && after_module.is_none();
+            d.modules
+                .iter()
+                .filter(move |(mid, _)| !same_device_without_module && skip_to.is_none_or(|s| mid.as_str() > s))
+                .map(move |(mid, m)| d.render_twin(id, Some((mid, m))))
+        }))
+    }
+
     /// The full twin document (service view, REST shape).
     pub fn twin(&self, id: &TwinId) -> Result<Value, TwinError> {
         let dev = self.device_entry(&id.device_id)?;

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::ids::TwinId;
 use crate::model::{Credentials, DeviceStats, ShardState, TwinError};
+use crate::query::{self, Collection, PartialState, RowKey};
 
 /// Transport call that runs a read on a replica of the shard: `postcard((ShardId, ReadOp))` in,
 /// `serde_json(Result<ReadOut, ShardError>)` out.
@@ -22,6 +23,8 @@ pub enum ReadOp {
     Modules(String),
     Module(String, String),
     Stats,
+    /// One shard's part of a query (see [`run_query`]).
+    Query { text: String, cursor: Option<String>, max_items: usize },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -31,6 +34,17 @@ pub enum ReadOut {
     Docs(Result<Vec<Value>, TwinError>),
     MaybeDoc(Option<Value>),
     Stats(DeviceStats),
+    /// A query part, or why the shard could not run it.
+    Query(Result<QueryPart, String>),
+}
+
+/// One shard's contribution to a query.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum QueryPart {
+    /// Row queries: at most the page's limit plus one rows after the cursor, in key order.
+    Rows(Vec<(RowKey, Value)>),
+    /// Aggregates: the shard's accumulators.
+    Partial(PartialState),
 }
 
 impl ReadOp {
@@ -44,8 +58,48 @@ impl ReadOp {
             ReadOp::Modules(id) => ReadOut::Docs(s.modules(id)),
             ReadOp::Module(d, m) => ReadOut::Doc(s.module(d, m)),
             ReadOp::Stats => ReadOut::Stats(s.stats()),
+            ReadOp::Query { text, cursor, max_items } => ReadOut::Query(run_query(s, text, cursor.as_deref(), *max_items)),
         }
     }
+}
+
+/// Runs a query on one shard. Rows: the shard's twins are visited in key order from the cursor on and
+/// the scan stops once the page (plus one row, so the gatherer knows whether more exist) is full.
+/// Aggregates visit every twin and return mergeable accumulators. Job rows live in no shard yet: a
+/// `devices.jobs` query finds none.
+pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: usize) -> Result<QueryPart, String> {
+    let q = query::parse(text).map_err(|e| e.to_string())?;
+    let cursor = cursor.map(|t| q.cursor(t)).transpose().map_err(|e| e.to_string())?;
+    let modules = match q.collection() {
+        Collection::Devices => false,
+        Collection::Modules => true,
+        Collection::Jobs => {
+            return Ok(match q.partial() {
+                Some(p) => QueryPart::Partial(p.state()),
+                None => QueryPart::Rows(Vec::new()),
+            })
+        }
+    };
+    if let Some(mut p) = q.partial() {
+        for doc in s.twins_after(modules, &[]) {
+            p.add(&doc);
+        }
+        return Ok(QueryPart::Partial(p.state()));
+    }
+    let limit = query::page_limit(max_items, q.top(), cursor.as_ref()).saturating_add(1);
+    let after: RowKey = cursor.map(|c| c.last).unwrap_or_default();
+    let mut rows = Vec::new();
+    for doc in s.twins_after(modules, &after) {
+        if rows.len() >= limit {
+            break;
+        }
+        if q.matches(&doc) {
+            if let Some(row) = q.project(&doc) {
+                rows.push((query::row_key(q.collection(), &doc), row));
+            }
+        }
+    }
+    Ok(QueryPart::Rows(rows))
 }
 
 /// A read answered with another kind of result than asked for: a bug or a node of another version.

@@ -484,6 +484,8 @@ pub struct Resp {
     pub content_type: String,
     pub text: String,
     pub json: Option<Value>,
+    /// Response headers, names in lower case.
+    pub headers: std::collections::HashMap<String, String>,
 }
 
 impl Resp {
@@ -575,9 +577,14 @@ impl Api {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        let headers = r
+            .headers()
+            .iter()
+            .map(|(k, v)| (k.as_str().to_ascii_lowercase(), v.to_str().unwrap_or("").to_string()))
+            .collect();
         let text = r.text().await?;
         let json = serde_json::from_str(&text).ok();
-        Ok(Resp { method: method.into(), path: path.into(), status, content_type, text, json })
+        Ok(Resp { method: method.into(), path: path.into(), status, content_type, text, json, headers })
     }
 
     pub async fn try_send(
