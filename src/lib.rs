@@ -27,6 +27,7 @@ pub mod cli;
 pub mod cluster;
 pub mod http;
 pub mod ids;
+pub mod jobs;
 pub mod model;
 pub mod mqtt;
 pub mod node;

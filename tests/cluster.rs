@@ -838,3 +838,74 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
     assert_eq!(t["properties"]["desired"]["via"], "new");
     c.assert_no_panics();
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Jobs across a failover
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const N: usize = 1200;
+    let c = Cluster::up(3, SHARDS);
+    c.settle_leadership().await;
+    let ids = c.ids();
+
+    // The devices, created concurrently through every node.
+    let apis: Vec<Api> = ids.iter().map(|id| c.api(*id)).collect();
+    let devices: Vec<String> = (0..N).map(|i| format!("jk-{i:04}")).collect();
+    futures::future::join_all(devices.chunks(N / 12).enumerate().map(|(k, chunk)| {
+        let api = &apis[k % apis.len()];
+        async move {
+            for d in chunk {
+                api.must_create_device(d).await;
+            }
+        }
+    }))
+    .await;
+
+    // The job runs on the metadata leader: that is the node to kill once the job is under way.
+    let meta_leader = c.status(ids[0]).await.expect("status")["meta"]["leader"].as_u64().expect("a metadata leader");
+    let via = *ids.iter().find(|id| **id != meta_leader).expect("another node");
+    let api = c.api(via);
+    let req = json!({"jobId": "fleet", "type": "scheduleUpdateTwin", "queryCondition": "STARTS_WITH(deviceId, 'jk-')",
+                     "updateTwin": {"properties": {"desired": {"fw": "9"}}}, "maxExecutionTimeInSeconds": 600});
+    let r = api.send("PUT", "/jobs/v2/fleet", Some(&req), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let j = api.must_get("/jobs/v2/fleet").await;
+        let s = &j["deviceJobStatistics"];
+        if j["status"] == "running" && s["pendingCount"].as_u64().unwrap_or(0) < N as u64 && s["deviceCount"] == N {
+            eprintln!("job under way: {s}");
+            break;
+        }
+        assert!(j["status"] != "completed", "the job finished before the kill; make it longer: {j}");
+        assert!(Instant::now() < deadline, "job not under way: {j}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.kill9(meta_leader);
+    eprintln!("SIGKILLed node {meta_leader} (metadata leader, the job's runner)");
+
+    let deadline = Instant::now() + WAIT;
+    let done = loop {
+        if let Ok(r) = api.try_send("GET", "/jobs/v2/fleet", None, &[]).await {
+            if r.status == 200 && r.json()["status"] == "completed" {
+                break r.json().clone();
+            }
+            assert!(r.json()["status"] != "failed", "{}", r.text);
+        }
+        assert!(Instant::now() < deadline, "job did not complete after the failover\n{}", c.logs_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(done["deviceJobStatistics"]["deviceCount"], N, "{done}");
+    assert_eq!(done["deviceJobStatistics"]["succeededCount"], N, "{done}");
+    // Exactly once: every device's desired $version moved from 1 to 2, and it holds the value.
+    for d in &devices {
+        let t = api.must_get_twin(d).await;
+        assert_eq!(t["properties"]["desired"]["fw"], "9", "{d}");
+        assert_eq!(desired_version(&t), 2, "{d}: applied {} times", desired_version(&t) - 1);
+    }
+    let r = api.send("POST", "/devices/query", Some(&json!({"query": "SELECT COUNT() AS n FROM devices.jobs WHERE jobId = 'fleet' AND status = 'completed'"})), &[]).await;
+    assert_eq!(r.json(), &json!([{"n": N}]), "{}", r.text);
+    c.assert_no_panics();
+}

@@ -30,6 +30,8 @@ pub enum ApiError {
     NoRoute(String),
     #[error("method not allowed")]
     MethodNotAllowed,
+    #[error("job {0} not found")]
+    JobNotFound(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -62,6 +64,7 @@ impl ApiError {
             ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
             ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            ApiError::JobNotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
         }
     }

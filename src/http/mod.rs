@@ -7,6 +7,7 @@
 mod body;
 mod changes;
 pub mod error;
+mod jobs;
 mod metrics;
 mod query;
 mod registry;
@@ -143,6 +144,9 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .route("/devices", get(registry::list_devices))
         .route("/devices/query", axum::routing::post(query::query_devices))
+        .route("/jobs/v2/query", get(jobs::query))
+        .route("/jobs/v2/{id}", get(jobs::get).put(jobs::create))
+        .route("/jobs/v2/{id}/cancel", axum::routing::post(jobs::cancel))
         .route(
             "/devices/{id}",
             get(registry::get_device).put(registry::put_device).delete(registry::delete_device),

@@ -73,6 +73,25 @@ impl ShardState {
             }
             Op::UpdateReported { id, patch_json } => self.update_reported(id, patch_json, at, events),
             Op::SetConnectionState { id, connected } => self.set_connection(id, *connected, at, events),
+            Op::Job(op) => self.jobs.apply(op).map(Reply::Job),
+            Op::JobUpdateTwin { job_id, job_type, created_ms, start_ms, device_id, patch_json } => {
+                if self.device_jobs.get(job_id).is_some_and(|rows| rows.contains_key(device_id)) {
+                    return Ok(Reply::Done);
+                }
+                let mut changed = Vec::new();
+                let r = self.update_twin(&TwinId::device(device_id.clone()), patch_json, None, at, &mut changed);
+                let row = super::jobs::DeviceJobRow {
+                    job_type: job_type.clone(),
+                    succeeded: r.is_ok(),
+                    created_ms: *created_ms,
+                    start_ms: *start_ms,
+                    end_ms: at,
+                    error: r.err().map(|e| e.to_string()),
+                };
+                events.extend(changed);
+                self.device_jobs.entry(job_id.clone()).or_default().insert(device_id.clone(), row);
+                Ok(Reply::Done)
+            }
             Op::Cluster(op) => {
                 self.cluster.apply(op).map(|()| Reply::Done).map_err(|e| TwinError::InvalidArgument(e.to_string()))
             }

@@ -99,6 +99,11 @@ pub enum Op {
     SetConnectionState { id: TwinId, connected: bool },
     /// A change of the cluster map: only ever proposed to the metadata group.
     Cluster(crate::cluster::map::ClusterOp),
+    /// A change of a job record: only ever proposed to the metadata group.
+    Job(super::jobs::JobOp),
+    /// A job's update of one device: applies `patch_json` (a service twin patch) and records the
+    /// device's outcome row, once: a second command for the same (job, device) changes nothing.
+    JobUpdateTwin { job_id: String, job_type: String, created_ms: i64, start_ms: i64, device_id: String, patch_json: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -124,7 +129,8 @@ impl Command {
             | Op::ReplaceTwin { id, .. }
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. } => &id.device_id,
-            Op::Cluster(_) => "",
+            Op::Cluster(_) | Op::Job(_) => "",
+            Op::JobUpdateTwin { device_id, .. } => device_id,
         }
     }
 }
@@ -141,6 +147,8 @@ impl fmt::Display for Command {
             Op::UpdateReported { .. } => "UpdateReported",
             Op::SetConnectionState { .. } => "SetConnectionState",
             Op::Cluster(_) => "Cluster",
+            Op::Job(_) => "Job",
+            Op::JobUpdateTwin { .. } => "JobUpdateTwin",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -27,6 +27,8 @@ pub enum Remembered {
     Device(String),
     Module(String, String),
     Twin(TwinId),
+    /// A job command: answered with the job as it is now.
+    Job(String),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

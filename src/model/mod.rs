@@ -11,6 +11,7 @@ mod dedupe;
 mod doc;
 pub mod error;
 mod etag;
+pub mod jobs;
 mod registry;
 pub mod time;
 pub mod validate;
@@ -46,8 +47,10 @@ pub enum Reply {
     Twin(Value),
     /// A reported patch was applied; the new reported `$version`.
     Reported { version: i64 },
-    /// DELETE, connection state.
+    /// DELETE, connection state, a job's update of one device.
     Done,
+    /// A job record (JobResponse JSON) after a job command.
+    Job(Value),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (issue 3 consumes
@@ -108,6 +111,12 @@ pub struct ShardState {
     /// Raft type configuration, log store and state machine serve both kinds of group.
     #[serde(default)]
     pub cluster: crate::cluster::map::ClusterMap,
+    /// Job records; only the metadata group's state uses it.
+    #[serde(default)]
+    pub jobs: jobs::JobsState,
+    /// Per-device job outcomes of this shard's devices (`devices.jobs`).
+    #[serde(default)]
+    device_jobs: jobs::DeviceJobs,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -146,6 +155,10 @@ impl ShardState {
                 Op::PutModule { module, .. } => Remembered::Module(module.device_id.clone(), module.module_id.clone()),
                 _ => Remembered::Done,
             },
+            Ok(Reply::Job(_)) => match &cmd.op {
+                Op::Job(op) => Remembered::Job(op.job_id().to_string()),
+                _ => Remembered::Done,
+            },
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
                 _ => Remembered::Done,
@@ -170,6 +183,12 @@ impl ShardState {
             }
             Remembered::Module(d, m) => self.module(d, m).map(Reply::Module),
             Remembered::Twin(id) => self.twin(id).map(Reply::Twin),
+            Remembered::Job(id) => self
+                .jobs
+                .jobs
+                .get(id)
+                .map(|j| Reply::Job(j.render()))
+                .ok_or_else(|| TwinError::InvalidArgument(format!("job {id} does not exist"))),
         }
     }
 
@@ -224,6 +243,19 @@ impl ShardState {
                 .iter()
                 .filter(move |(mid, _)| !same_device_without_module && skip_to.is_none_or(|s| mid.as_str() > s))
                 .map(move |(mid, m)| d.render_twin(id, Some((mid, m))))
+        }))
+    }
+
+    /// `devices.jobs` rows in (jobId, deviceId) order, strictly after the key `after`.
+    pub fn job_rows_after<'a>(&'a self, after: &'a [String]) -> Box<dyn Iterator<Item = Value> + 'a> {
+        let first = after.first().map(String::as_str);
+        let after_device = after.get(1).map(String::as_str);
+        let start = first.map_or(Bound::Unbounded, Bound::Included);
+        Box::new(self.device_jobs.range::<str, _>((start, Bound::Unbounded)).flat_map(move |(job, rows)| {
+            let same = Some(job.as_str()) == first;
+            rows.iter()
+                .filter(move |(dev, _)| !same || after_device.is_some_and(|a| dev.as_str() > a))
+                .map(move |(dev, row)| row.render(job, dev))
         }))
     }
 

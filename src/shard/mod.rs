@@ -604,21 +604,41 @@ impl Shards {
 
     /// Proposes a cluster-map change on the metadata group's leader (here or over the transport).
     pub async fn propose(&self, op: ClusterOp) -> Result<(), ShardError> {
-        let Some(meta) = &self.meta else {
+        if self.meta.is_none() {
             return Err(ShardError::Fatal { shard: META, msg: "not a cluster: start the node with --peers".into() });
-        };
+        }
+        match self.propose_meta(crate::model::Op::Cluster(op)).await? {
+            Ok(_) => Ok(()),
+            Err(e) => Err(ShardError::Refused { msg: e.to_string() }),
+        }
+    }
+
+    /// The group that keeps cluster-wide records (the cluster map, jobs): the metadata group, or shard
+    /// 0 on a single-node hub.
+    pub fn meta_group(&self) -> Option<Arc<Shard>> {
+        self.meta.clone().or_else(|| self.local(0))
+    }
+
+    /// A linearizable read of the cluster-wide records (see [`Shards::meta_group`]).
+    pub async fn read_meta<R>(&self, f: impl FnOnce(&ShardState) -> R) -> Result<R, ShardError> {
+        let Some(meta) = self.meta_group() else { return Err(ShardError::NotLeader { shard: META, leader: None }) };
+        meta.read(f).await
+    }
+
+    /// Proposes a command to the cluster-wide records' group on its leader (here or over the
+    /// transport), retrying across leader changes for up to 10 s; answers the model's verdict.
+    pub async fn propose_meta(&self, op: crate::model::Op) -> Result<Result<crate::model::Reply, crate::model::TwinError>, ShardError> {
+        let Some(meta) = self.meta_group() else { return Err(ShardError::NotLeader { shard: META, leader: None }) };
+        let cmd = Command::new(op, crate::model::now_ms());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
-            let cmd = Command::new(crate::model::Op::Cluster(op.clone()), crate::model::now_ms());
             let r = match meta.leader() {
-                Some(l) if l == self.node_id => meta.write(cmd).await,
-                Some(l) => remote_meta_write(meta, l, &cmd).await,
+                Some(l) if l == self.node_id => meta.write(cmd.clone()).await,
+                Some(l) => remote_meta_write(&meta, l, &cmd).await,
                 None => Err(ShardError::NotLeader { shard: META, leader: None }),
             };
             match r {
-                Ok(applied) => {
-                    return applied.result.map(|_| ()).map_err(|e| ShardError::Refused { msg: e.to_string() });
-                }
+                Ok(applied) => return Ok(applied.result),
                 Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if std::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }

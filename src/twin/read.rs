@@ -65,23 +65,20 @@ impl ReadOp {
 
 /// Runs a query on one shard. Rows: the shard's twins are visited in key order from the cursor on and
 /// the scan stops once the page (plus one row, so the gatherer knows whether more exist) is full.
-/// Aggregates visit every twin and return mergeable accumulators. Job rows live in no shard yet: a
-/// `devices.jobs` query finds none.
+/// Aggregates visit every twin and return mergeable accumulators. `devices.jobs` rows are the
+/// per-device job outcomes each shard keeps next to its twins.
 pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: usize) -> Result<QueryPart, String> {
     let q = query::parse(text).map_err(|e| e.to_string())?;
     let cursor = cursor.map(|t| q.cursor(t)).transpose().map_err(|e| e.to_string())?;
-    let modules = match q.collection() {
-        Collection::Devices => false,
-        Collection::Modules => true,
-        Collection::Jobs => {
-            return Ok(match q.partial() {
-                Some(p) => QueryPart::Partial(p.state()),
-                None => QueryPart::Rows(Vec::new()),
-            })
+    fn docs<'a>(s: &'a ShardState, c: Collection, after: &'a [String]) -> Box<dyn Iterator<Item = Value> + 'a> {
+        match c {
+            Collection::Devices => s.twins_after(false, after),
+            Collection::Modules => s.twins_after(true, after),
+            Collection::Jobs => s.job_rows_after(after),
         }
-    };
+    }
     if let Some(mut p) = q.partial() {
-        for doc in s.twins_after(modules, &[]) {
+        for doc in docs(s, q.collection(), &[]) {
             p.add(&doc);
         }
         return Ok(QueryPart::Partial(p.state()));
@@ -89,7 +86,7 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
     let limit = query::page_limit(max_items, q.top(), cursor.as_ref()).saturating_add(1);
     let after: RowKey = cursor.map(|c| c.last).unwrap_or_default();
     let mut rows = Vec::new();
-    for doc in s.twins_after(modules, &after) {
+    for doc in docs(s, q.collection(), &after) {
         if rows.len() >= limit {
             break;
         }

@@ -204,3 +204,69 @@ def test_query_iot_hub_filters_projects_and_pages(rm):
         rm.query_iot_hub(QuerySpecification(query="SELECT * FROM devices WHERE"))
     assert _status(e) == 400
     assert "position" in e.value.response.text
+
+
+def test_job_manager_create_get_cancel_query(hub, rm):
+    import datetime
+    import time
+
+    from azure.iot.hub import IoTHubJobManager
+    from azure.iot.hub.models import JobRequest
+
+    jm = IoTHubJobManager.from_connection_string(hub.connection_string)
+    tag = _uid("jobtag")
+    devs = sorted(_uid("pyjob") for _ in range(3))
+    for dev in devs:
+        rm.create_device_with_sas(dev, None, None, "enabled")
+        rm.update_twin(dev, Twin(tags={"j": tag}), "*")
+    before = {d: rm.get_twin(d).properties.desired["$version"] for d in devs}
+
+    # A job starting now runs to completion and updates every matching device once.
+    job_id = _uid("job")
+    req = JobRequest(
+        job_id=job_id,
+        type="scheduleUpdateTwin",
+        start_time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        update_twin=Twin(etag="*", properties=TwinProperties(desired={"fw": "3.1"})),
+        query_condition=f"tags.j = '{tag}'",
+        max_execution_time_in_seconds=60,
+    )
+    created = jm.create_scheduled_job(job_id, req)
+    assert created.job_id == job_id and created.type == "scheduleUpdateTwin"
+    deadline = time.time() + 60
+    while True:
+        job = jm.get_scheduled_job(job_id)
+        if job.status == "completed":
+            break
+        assert time.time() < deadline, f"job still {job.status}"
+        time.sleep(0.5)
+    assert job.device_job_statistics.device_count == 3
+    assert job.device_job_statistics.succeeded_count == 3
+    for d in devs:
+        desired = rm.get_twin(d).properties.desired
+        assert desired["fw"] == "3.1"
+        assert desired["$version"] == before[d] + 1
+
+    # A job scheduled in the future is queued until cancelled.
+    later_id = _uid("later")
+    later = JobRequest(
+        job_id=later_id,
+        type="scheduleUpdateTwin",
+        start_time=(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)).isoformat(),
+        update_twin=Twin(etag="*", tags={"never": True}),
+        query_condition=f"tags.j = '{tag}'",
+        max_execution_time_in_seconds=60,
+    )
+    assert jm.create_scheduled_job(later_id, later).status == "queued"
+    assert jm.cancel_scheduled_job(later_id).status == "cancelled"
+    assert jm.get_scheduled_job(later_id).status == "cancelled"
+
+    # Job queries by type and status.
+    done = jm.query_scheduled_jobs("scheduleUpdateTwin", "completed")
+    assert job_id in [j["jobId"] for j in done.items]
+    cancelled = jm.query_scheduled_jobs(None, "cancelled")
+    assert later_id in [j["jobId"] for j in cancelled.items]
+
+    with pytest.raises(HttpOperationError) as e:
+        jm.get_scheduled_job(_uid("missing"))
+    assert _status(e) == 404

@@ -1,0 +1,142 @@
+//! Jobs v2 routes (spec §3.4): `PUT /jobs/v2/{id}`, `GET /jobs/v2/{id}`, `POST /jobs/v2/{id}/cancel`,
+//! `GET /jobs/v2/query`. Only `scheduleUpdateTwin` runs (direct methods do not exist here); the request
+//! is validated completely (condition syntax, the twin patch, times) before anything is stored.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use super::{body, ok_json, ApiError, Shared};
+use crate::auth::Permission;
+use crate::model::jobs::{JobOp, JobSpec, JobStatus, UPDATE_TWIN};
+use crate::model::{now_ms, validate_id, validate_twin_patch, Op, Reply};
+
+/// Default `maxExecutionTimeInSeconds` when the request has none.
+const DEFAULT_MAX_SECS: u64 = 3600;
+
+fn job_reply(r: Result<Reply, crate::model::TwinError>) -> Result<Response, ApiError> {
+    match r? {
+        Reply::Job(v) => Ok(ok_json(&v)),
+        other => Err(ApiError::Internal(format!("unexpected reply to a job command: {other:?}"))),
+    }
+}
+
+fn parse_time(field: &str, v: &Value) -> Result<i64, ApiError> {
+    let text = v.as_str().ok_or_else(|| ApiError::BadRequest(format!("{field} must be an ISO-8601 string")))?;
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .or_else(|_| time::OffsetDateTime::parse(&format!("{text}Z"), &time::format_description::well_known::Rfc3339))
+        .map_err(|_| ApiError::BadRequest(format!("{field} '{text}' is not an ISO-8601 time")))?;
+    Ok((t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+/// `updateTwin` → the service patch a device gets: its `tags` and `properties.desired`; `etag`,
+/// `deviceId` and `properties.reported` (which the SDKs send empty) are ignored.
+fn patch_of(update: &Value) -> Result<Value, ApiError> {
+    let obj = update.as_object().ok_or_else(|| ApiError::BadRequest("updateTwin must be a JSON object".into()))?;
+    let mut patch = Map::new();
+    if let Some(tags) = obj.get("tags").filter(|t| !t.is_null()) {
+        patch.insert("tags".into(), tags.clone());
+    }
+    if let Some(desired) = obj.get("properties").and_then(|p| p.get("desired")).filter(|d| !d.is_null()) {
+        patch.insert("properties".into(), json!({"desired": desired}));
+    }
+    if patch.is_empty() {
+        return Err(ApiError::BadRequest("updateTwin changes nothing: give tags or properties.desired".into()));
+    }
+    let patch = Value::Object(patch);
+    validate_twin_patch(&patch)?;
+    Ok(patch)
+}
+
+pub async fn create(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    st.authorize(&headers, "jobs", Permission::RegistryWrite)?;
+    validate_id("job", &id)?;
+    let req = body::json(raw, "JobRequest")?;
+    if let Some(j) = req.get("jobId").and_then(Value::as_str) {
+        if j != id {
+            return Err(ApiError::BadRequest(format!("jobId '{j}' in the body differs from '{id}' in the path")));
+        }
+    }
+    let job_type = req.get("type").and_then(Value::as_str).unwrap_or_default();
+    if job_type != UPDATE_TWIN {
+        return Err(ApiError::BadRequest(format!("job type '{job_type}' is not supported: only {UPDATE_TWIN} runs here")));
+    }
+    let condition = req.get("queryCondition").and_then(Value::as_str).unwrap_or_default().to_string();
+    crate::query::parse_condition(&condition).map_err(|e| ApiError::BadRequest(format!("queryCondition: {e}")))?;
+    let update = req.get("updateTwin").cloned().unwrap_or(Value::Null);
+    let patch = patch_of(&update)?;
+    let now = now_ms();
+    let start_ms = match req.get("startTime") {
+        None | Some(Value::Null) => now,
+        Some(v) => parse_time("startTime", v)?,
+    };
+    let max_execution_secs = match req.get("maxExecutionTimeInSeconds") {
+        None | Some(Value::Null) => DEFAULT_MAX_SECS,
+        Some(v) => v.as_u64().ok_or_else(|| ApiError::BadRequest("maxExecutionTimeInSeconds must be a non-negative integer".into()))?,
+    };
+    let spec = JobSpec {
+        job_id: id,
+        job_type: job_type.to_string(),
+        query_condition: condition,
+        start_ms,
+        max_execution_secs,
+        update_twin_json: update.to_string(),
+        patch_json: patch.to_string(),
+        created_ms: now,
+    };
+    job_reply(st.twins()?.shards.propose_meta(Op::Job(JobOp::Create(spec))).await?)
+}
+
+pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    st.authorize(&headers, "jobs", Permission::RegistryRead)?;
+    let job = st.twins()?.shards.read_meta(|s| s.jobs.jobs.get(&id).map(|j| j.render())).await?;
+    job.map(|j| ok_json(&j)).ok_or_else(|| ApiError::JobNotFound(id))
+}
+
+pub async fn cancel(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+    st.authorize(&headers, "jobs", Permission::RegistryWrite)?;
+    let shards = &st.twins()?.shards;
+    if !shards.read_meta(|s| s.jobs.jobs.contains_key(&id)).await? {
+        return Err(ApiError::JobNotFound(id));
+    }
+    job_reply(shards.propose_meta(Op::Job(JobOp::Cancel { job_id: id, at_ms: now_ms() })).await?)
+}
+
+/// `GET /jobs/v2/query?jobType=&jobStatus=`: every matching job in one page.
+pub async fn query(
+    State(st): State<Shared>,
+    q: Result<Query<HashMap<String, String>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    st.authorize(&headers, "jobs", Permission::RegistryRead)?;
+    let Query(q) = q.map_err(|e| ApiError::BadRequest(format!("malformed query string: {e}")))?;
+    let job_type = q.get("jobType").filter(|t| !t.is_empty()).cloned();
+    let status = match q.get("jobStatus").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(s) => Some(JobStatus::parse(s).ok_or_else(|| ApiError::BadRequest(format!("unknown jobStatus '{s}'")))?),
+    };
+    let items: Vec<Value> = st
+        .twins()?
+        .shards
+        .read_meta(|s| {
+            s.jobs
+                .jobs
+                .values()
+                .filter(|j| job_type.as_deref().is_none_or(|t| j.spec.job_type == t))
+                .filter(|j| status.is_none_or(|st| j.status == st))
+                .map(|j| j.render())
+                .collect()
+        })
+        .await?;
+    Ok(ok_json(&json!({"type": "jobResponse", "items": items, "continuationToken": null})))
+}

@@ -1,0 +1,206 @@
+//! The jobs runner: runs `scheduleUpdateTwin` jobs on the node that leads the group holding the job
+//! records (the metadata group; shard 0 on a single-node hub).
+//!
+//! A job's life: created `queued` (through Raft, by any node's front door); once its start time has
+//! come, the runner marks it `running`, finds its devices (its condition as a query over every shard),
+//! sends each device one [`Op::JobUpdateTwin`] through the normal write path (routed to the device's
+//! shard leader), and marks the job `completed` with statistics counted from the per-device rows the
+//! shards recorded. A job runs under a throttle (a few writes in flight, a rate cap) so a fleet-wide
+//! job does not starve live traffic. Cancellation and `maxExecutionTimeInSeconds` are checked between
+//! devices.
+//!
+//! Failover: the runner holds nothing durable. When leadership moves, the new leader's runner finds the
+//! job still `running` and starts over; devices that already have a row answer without applying
+//! anything (see `model::jobs`), so every device gets the update exactly once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::ids::TwinId;
+use crate::model::jobs::{Job, JobOp, JobStats, JobStatus};
+use crate::model::{now_ms, Command, Op};
+use crate::query;
+use crate::shard::ShardError;
+use crate::twin::read::{QueryPart, ReadOp, ReadOut};
+use crate::twin::Twins;
+
+/// Job updates in flight at once.
+const IN_FLIGHT: usize = 8;
+/// At most this many device updates per second per job.
+const RATE_PER_SEC: u64 = 500;
+
+/// Runs until `stop`: every second, starts the due jobs if this node leads the job records.
+pub async fn run(twins: Arc<Twins>, stop: CancellationToken) {
+    let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        running.retain(|_, h| !h.is_finished());
+        let Some(meta) = twins.shards.meta_group() else { continue };
+        if !meta.is_leader() {
+            for (_, h) in running.drain() {
+                h.abort();
+            }
+            continue;
+        }
+        let now = now_ms();
+        let due: Vec<Job> = meta.read_local(|s| {
+            s.jobs.jobs.values().filter(|j| !j.status.is_final() && j.spec.start_ms <= now).cloned().collect()
+        });
+        for job in due {
+            if !running.contains_key(&job.spec.job_id) {
+                tracing::info!(job = %job.spec.job_id, "running job");
+                running.insert(job.spec.job_id.clone(), tokio::spawn(execute(twins.clone(), job)));
+            }
+        }
+    }
+    for (_, h) in running {
+        h.abort();
+    }
+}
+
+async fn execute(twins: Arc<Twins>, job: Job) {
+    let id = job.spec.job_id.clone();
+    match run_job(&twins, &job).await {
+        Ok(()) => tracing::info!(job = %id, "job finished"),
+        Err(e) => tracing::warn!(job = %id, "job interrupted (retried while this node leads): {e}"),
+    }
+}
+
+async fn meta(twins: &Twins, op: JobOp) -> Result<(), ShardError> {
+    match twins.shards.propose_meta(Op::Job(op)).await? {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ShardError::Refused { msg: e.to_string() }),
+    }
+}
+
+fn job_status(twins: &Twins, job_id: &str) -> Option<JobStatus> {
+    twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(job_id).map(|j| j.status)))
+}
+
+async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
+    let spec = &job.spec;
+    meta(twins, JobOp::Start { job_id: spec.job_id.clone(), at_ms: now_ms() }).await?;
+    let started = twins
+        .shards
+        .meta_group()
+        .and_then(|m| m.read_local(|s| s.jobs.jobs.get(&spec.job_id).and_then(|j| j.started_ms)))
+        .unwrap_or_else(now_ms);
+    let devices = matching_devices(twins, &spec.query_condition).await?;
+    let total = devices.len() as u64;
+    meta(twins, JobOp::Progress { job_id: spec.job_id.clone(), stats: JobStats { device_count: total, pending: total, ..Default::default() } }).await?;
+    let deadline = (spec.max_execution_secs > 0).then(|| started.saturating_add(spec.max_execution_secs as i64 * 1000));
+    let mut throttle = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_SEC));
+    throttle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut sent = 0u64;
+    let mut last_progress = std::time::Instant::now();
+    let mut stop: Option<(JobStatus, Option<String>)> = None;
+    for device in devices {
+        if sent % 64 == 0 {
+            if job_status(twins, &spec.job_id) == Some(JobStatus::Cancelled) {
+                stop = Some((JobStatus::Cancelled, None));
+                break;
+            }
+            if deadline.is_some_and(|d| now_ms() > d) {
+                stop = Some((JobStatus::Failed, Some(format!("the job ran longer than maxExecutionTimeInSeconds ({})", spec.max_execution_secs))));
+                break;
+            }
+        }
+        throttle.tick().await;
+        while in_flight.len() >= IN_FLIGHT {
+            use futures::StreamExt;
+            if let Some(r) = in_flight.next().await {
+                r?;
+            }
+        }
+        let cmd = Command::new(
+            Op::JobUpdateTwin {
+                job_id: spec.job_id.clone(),
+                job_type: spec.job_type.clone(),
+                created_ms: spec.created_ms,
+                start_ms: spec.start_ms,
+                device_id: device.clone(),
+                patch_json: spec.patch_json.clone(),
+            },
+            now_ms(),
+        );
+        in_flight.push(async move { twins.write(&TwinId::device(device), cmd).await.map(|_| ()) });
+        sent += 1;
+        if last_progress.elapsed() > Duration::from_secs(2) {
+            last_progress = std::time::Instant::now();
+            let stats = JobStats { device_count: total, running: in_flight.len() as u64, pending: total - sent, succeeded: sent - in_flight.len() as u64, failed: 0 };
+            meta(twins, JobOp::Progress { job_id: spec.job_id.clone(), stats }).await?;
+        }
+    }
+    {
+        use futures::StreamExt;
+        while let Some(r) = in_flight.next().await {
+            r?;
+        }
+    }
+    let (succeeded, failed) = outcome_counts(twins, &spec.job_id).await?;
+    let stats = JobStats { device_count: total, succeeded, failed, running: 0, pending: total.saturating_sub(succeeded + failed) };
+    let (status, reason) = match stop {
+        Some((JobStatus::Cancelled, _)) => return Ok(()),
+        Some((s, r)) => (s, r),
+        None => (JobStatus::Completed, None),
+    };
+    meta(twins, JobOp::Finish { job_id: spec.job_id.clone(), status, at_ms: now_ms(), stats, reason }).await
+}
+
+/// Device ids matching a job's condition, over every shard (paged, so no shard returns more than a
+/// page at a time).
+async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<String>, ShardError> {
+    let text = format!("SELECT deviceId FROM devices WHERE {condition}");
+    let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
+    let mut out = Vec::new();
+    for shard in 0..twins.shards.shard_count() {
+        let mut cursor: Option<String> = None;
+        loop {
+            let op = ReadOp::Query { text: text.clone(), cursor: cursor.clone(), max_items: 1000 };
+            let rows = match twins.read_shard(shard, op).await? {
+                ReadOut::Query(Ok(QueryPart::Rows(rows))) => rows,
+                ReadOut::Query(Err(e)) => return Err(ShardError::Refused { msg: e }),
+                other => return Err(ShardError::Fatal { shard, msg: format!("unexpected query answer {other:?}") }),
+            };
+            let page = q.page(vec![rows], cursor.as_deref().map(|t| q.cursor(t)).transpose().ok().flatten().as_ref(), 1000);
+            out.extend(page.items.iter().filter_map(|r| r["deviceId"].as_str().map(str::to_string)));
+            match page.next {
+                Some(c) => cursor = Some(c.encode()),
+                None => break,
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (succeeded, failed) device rows of a job, counted on every shard.
+async fn outcome_counts(twins: &Twins, job_id: &str) -> Result<(u64, u64), ShardError> {
+    let text = format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = '{job_id}' GROUP BY status");
+    let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
+    let Some(mut total) = q.partial() else { return Ok((0, 0)) };
+    for shard in 0..twins.shards.shard_count() {
+        let op = ReadOp::Query { text: text.clone(), cursor: None, max_items: 1 };
+        if let ReadOut::Query(Ok(QueryPart::Partial(state))) = twins.read_shard(shard, op).await? {
+            total.merge_state(state).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
+        }
+    }
+    let (mut ok, mut failed) = (0, 0);
+    for g in total.finish() {
+        let n = g["n"].as_u64().unwrap_or(0);
+        match g["status"].as_str() {
+            Some("completed") => ok += n,
+            Some("failed") => failed += n,
+            _ => {}
+        }
+    }
+    Ok((ok, failed))
+}

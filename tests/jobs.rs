@@ -1,0 +1,117 @@
+//! Jobs v2 against the real binary (4 shards): a `scheduleUpdateTwin` job updates exactly the devices
+//! its condition matches, once each, and records per-device rows queryable as `devices.jobs`;
+//! scheduled jobs wait and can be cancelled; bad requests are refused before anything is stored.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+async fn wait_status(api: &Api, job: &str, want: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let j = api.must_get(&format!("/jobs/v2/{job}")).await;
+        if j["status"] == want {
+            return j;
+        }
+        assert!(Instant::now() < deadline, "job {job} not {want} within {within:?}: {j}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_twin_jobs_apply_once_per_matching_device() {
+    let server = Server::start(ServerOpts { shard_count: Some(4), ..Default::default() });
+    let api = server.owner();
+    let mut before = Vec::new();
+    for i in 0..24 {
+        let id = format!("job-{i:02}");
+        api.must_create_device(&id).await;
+        let b = if i % 2 == 0 { "b43" } else { "b44" };
+        let t = api.must_patch_twin(&id, &json!({"tags": {"building": b, "battery": i}})).await;
+        before.push((id, b, t));
+    }
+
+    // A job for building 43 with battery below 20, starting now.
+    let req = json!({
+        "jobId": "fw-43", "type": "scheduleUpdateTwin",
+        "queryCondition": "tags.building = 'b43' AND tags.battery < 20",
+        "updateTwin": {"etag": "*", "tags": {"fw": "pending"}, "properties": {"desired": {"fw": "2.0"}, "reported": {}}},
+        "startTime": "2020-01-01T00:00:00.000Z", "maxExecutionTimeInSeconds": 120
+    });
+    let created = api.send("PUT", "/jobs/v2/fw-43", Some(&req), &[]).await;
+    assert_eq!(created.status, 200, "{}", created.text);
+    assert_eq!(created.json()["jobId"], "fw-43");
+    assert_eq!(created.json()["type"], "scheduleUpdateTwin");
+    let done = wait_status(&api, "fw-43", "completed", Duration::from_secs(60)).await;
+    let matching: Vec<&(String, &str, Value)> = before.iter().filter(|(_, b, t)| *b == "b43" && t["tags"]["battery"].as_i64().unwrap() < 20).collect();
+    assert_eq!(matching.len(), 10);
+    assert_eq!(done["deviceJobStatistics"]["deviceCount"], 10, "{done}");
+    assert_eq!(done["deviceJobStatistics"]["succeededCount"], 10, "{done}");
+    assert_eq!(done["deviceJobStatistics"]["failedCount"], 0, "{done}");
+    assert!(done["endTime"].is_string(), "{done}");
+    for (id, b, t0) in &before {
+        let t = api.must_get_twin(id).await;
+        let hit = matching.iter().any(|(m, _, _)| m == id);
+        if hit {
+            assert_eq!(t["properties"]["desired"]["fw"], "2.0", "{id}");
+            assert_eq!(t["tags"]["fw"], "pending", "{id}");
+            assert_eq!(desired_version(&t), desired_version(t0) + 1, "{id}: the job applied exactly once");
+            assert_eq!(twin_version(&t), twin_version(t0) + 1, "{id}: one twin version for one job update");
+        } else {
+            assert_eq!(twin_state(&t), twin_state(t0), "{id} ({b}) must not change");
+        }
+    }
+
+    // The per-device rows, through the query language.
+    let r = api.send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices.jobs WHERE devices.jobs.jobId = 'fw-43'"})), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.headers.get("x-ms-item-type").map(String::as_str), Some("deviceJob"));
+    let rows = r.json().as_array().expect("rows").clone();
+    assert_eq!(rows.len(), 10, "{}", r.text);
+    assert!(rows.iter().all(|row| row["status"] == "completed" && row["jobType"] == "scheduleUpdateTwin"), "{}", r.text);
+    let mut devs: Vec<&str> = rows.iter().map(|row| row["deviceId"].as_str().unwrap()).collect();
+    devs.sort();
+    let mut want: Vec<&str> = matching.iter().map(|(id, _, _)| id.as_str()).collect();
+    want.sort();
+    assert_eq!(devs, want);
+
+    // A job scheduled later is queued, can be cancelled, and never runs.
+    let later = "2099-01-01T00:00:00Z";
+    let r = api.send("PUT", "/jobs/v2/later", Some(&json!({"jobId": "later", "type": "scheduleUpdateTwin", "queryCondition": "tags.building = 'b44'", "updateTwin": {"properties": {"desired": {"x": 1}}}, "startTime": later, "maxExecutionTimeInSeconds": 60})), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["status"], "queued");
+    let r = api.send("POST", "/jobs/v2/later/cancel", None, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["status"], "cancelled");
+    assert_eq!(api.must_get("/jobs/v2/later").await["status"], "cancelled");
+
+    // Job queries by status and type.
+    let r = api.send("GET", "/jobs/v2/query?jobType=scheduleUpdateTwin&jobStatus=completed", None, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json()["type"], "jobResponse");
+    let ids: Vec<&str> = r.json()["items"].as_array().unwrap().iter().map(|j| j["jobId"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec!["fw-43"]);
+    let r = api.send("GET", "/jobs/v2/query?jobStatus=cancelled", None, &[]).await;
+    assert_eq!(r.json()["items"].as_array().unwrap().len(), 1);
+
+    // Refusals: unknown job, unsupported type, bad condition (with its position), a patch over the
+    // limits, a reused id with another request, a bad status filter. Nothing is stored.
+    assert_error(&api.send("GET", "/jobs/v2/nope", None, &[]).await, 404, "JobNotFound");
+    assert_error(&api.send("POST", "/jobs/v2/nope/cancel", None, &[]).await, 404, "JobNotFound");
+    let api = &api;
+    let bad = |patch: Value| async move { api.send("PUT", "/jobs/v2/bad", Some(&patch), &[]).await };
+    assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'", "cloudToDeviceMethod": {"methodName": "m"}})).await, 400, "ArgumentInvalid");
+    let r = bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = = 1", "updateTwin": {"tags": {"a": 1}}})).await;
+    assert_error(&r, 400, "ArgumentInvalid");
+    assert!(r.text.contains("position"), "{}", r.text);
+    assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"bad.key": 1}}})).await, 400, "ArgumentInvalid");
+    assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {}})).await, 400, "ArgumentInvalid");
+    assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}, "startTime": "yesterday"})).await, 400, "ArgumentInvalid");
+    assert_error(&api.send("GET", "/jobs/v2/bad", None, &[]).await, 404, "JobNotFound");
+    let r = api.send("PUT", "/jobs/v2/fw-43", Some(&json!({"jobId": "fw-43", "type": "scheduleUpdateTwin", "queryCondition": "tags.a = 2", "updateTwin": {"tags": {"a": 1}}})), &[]).await;
+    assert_error(&r, 412, "PreconditionFailed");
+    assert_error(&api.send("GET", "/jobs/v2/query?jobStatus=sleeping", None, &[]).await, 400, "ArgumentInvalid");
+}
