@@ -610,59 +610,49 @@ fn url_encode(s: &str) -> String {
 
 fn status(a: &StatusArgs) -> Result<(), LauncherError> {
     let file = read_cluster_file(&a.dir)?;
-    let tls = super::https::client_config(&file.ca)?;
-    let rt = runtime()?;
+    let all = views(&file)?;
     let mut nodes = Vec::new();
-    let mut views = Vec::new();
-    for n in &file.nodes {
-        let host = format!("{}:{}", file.hostname, n.http.port());
-        let token = owner_token(&host, &file.owner_key);
-        let r = rt.block_on(super::https::get(
-            tls.clone(),
-            n.http,
-            &file.hostname,
-            "/cluster/status",
-            Some(&token),
-            Duration::from_secs(3),
-        ));
-        let (up, ready, view) = match r {
-            Ok((200, body)) => {
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                (true, v["ready"].as_bool().unwrap_or(false), Some(v))
-            }
-            Ok((code, body)) => {
-                eprintln!("node {}: /cluster/status answered {code}: {}", n.id, String::from_utf8_lossy(&body));
-                (true, false, None)
-            }
-            Err(e) => {
-                eprintln!("node {}: {e}", n.id);
-                (false, false, None)
-            }
-        };
-        nodes.push(serde_json::json!({"id": n.id, "pid": n.pid, "alive": pid_alive(n.pid), "reachable": up, "ready": ready, "http": n.http, "mqtt": n.mqtt}));
-        if let Some(v) = view {
-            views.push(v);
+    for (n, (_, view)) in file.nodes.iter().zip(&all) {
+        let ready = view.as_ref().is_some_and(|v| v["ready"].as_bool().unwrap_or(false));
+        if view.is_none() {
+            eprintln!("node {}: /cluster/status did not answer", n.id);
         }
+        nodes.push(serde_json::json!({"id": n.id, "pid": n.pid, "alive": pid_alive(n.pid), "reachable": view.is_some(), "ready": ready, "http": n.http, "mqtt": n.mqtt}));
     }
+    let map = all.iter().filter_map(|(_, v)| v.as_ref()).map(|v| v["map"].clone()).next().unwrap_or_default();
+    let meta = all
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .map(|v| v["meta"].clone())
+        .find(|m| m["is_leader"] == true)
+        .unwrap_or_default();
     // A shard's truth comes from the replica that leads it (its lag map is only known there); any
     // replica's view stands in when no leader answered.
     let mut shards = Vec::new();
     for s in 0..file.shard_count {
-        let of = |v: &serde_json::Value| v["shards"].as_array().and_then(|a| a.iter().find(|x| x["shard"] == s)).cloned();
-        let leader_view = views.iter().filter_map(of).find(|x| x["is_leader"] == true);
-        let any = views.iter().filter_map(of).next();
+        let leader_view = leader_view(&all, s);
+        let any = all
+            .iter()
+            .filter_map(|(_, v)| v.as_ref())
+            .filter_map(|v| v["shards"].as_array().and_then(|a| a.iter().find(|x| x["shard"] == s)).cloned())
+            .next();
         let Some(v) = leader_view.clone().or(any) else { continue };
+        let target = map["placement"]["shards"][s as usize]["replicas"].clone();
         shards.push(serde_json::json!({
             "shard": s,
             "leader": v["leader"],
             "term": v["term"],
             "replicas": v["voters"],
             "learners": v["learners"],
+            "target": target,
+            "settled": v["voters"] == target && v["learners"].as_array().is_none_or(Vec::is_empty),
             "commit_index": v["committed"],
             "lag": if leader_view.is_some() { v["lag"].clone() } else { serde_json::Value::Null },
         }));
     }
-    let report = serde_json::json!({"nodes": nodes, "shards": shards});
+    let members = map["members"].clone();
+    let meta_summary = serde_json::json!({"leader": meta["leader"], "term": meta["term"], "voters": meta["voters"], "learners": meta["learners"]});
+    let report = serde_json::json!({"nodes": nodes, "members": members, "meta": meta_summary, "shards": shards});
     // Written with writeln! and errors ignored: piping into `head` must not panic.
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -677,15 +667,18 @@ fn status(a: &StatusArgs) -> Result<(), LauncherError> {
     for n in &nodes {
         let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} {}", t(&n["id"]), t(&n["pid"]), t(&n["alive"]), t(&n["reachable"]), t(&n["ready"]), t(&n["http"]));
     }
-    let _ = writeln!(out, "\n{:<6} {:<7} {:<6} {:<14} {:<10} lag", "shard", "leader", "term", "replicas", "commit");
+    let _ = writeln!(out, "\nmetadata group: leader {}, term {}, voters {}, learners {}", t(&meta_summary["leader"]), t(&meta_summary["term"]), t(&meta_summary["voters"]), t(&meta_summary["learners"]));
+    let _ = writeln!(out, "\n{:<6} {:<7} {:<6} {:<12} {:<12} {:<8} {:<10} lag", "shard", "leader", "term", "replicas", "target", "settled", "commit");
     for s in &shards {
         let _ = writeln!(
             out,
-            "{:<6} {:<7} {:<6} {:<14} {:<10} {}",
+            "{:<6} {:<7} {:<6} {:<12} {:<12} {:<8} {:<10} {}",
             t(&s["shard"]),
             t(&s["leader"]),
             t(&s["term"]),
             t(&s["replicas"]),
+            t(&s["target"]),
+            t(&s["settled"]),
             t(&s["commit_index"]),
             t(&s["lag"])
         );
