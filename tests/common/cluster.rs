@@ -15,6 +15,21 @@ use serde_json::{json, Value};
 
 use super::*;
 
+/// The `twinhub` binary cargo built, without the caller's `TWINHUB_*` settings (the config files
+/// decide), logging at info (nodes inherit this), stdin closed.
+pub fn twinhub_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("TWINHUB_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null());
+    cmd
+}
+
 /// Generous: debug builds on a shared 2-core machine.
 pub const WAIT: Duration = Duration::from_secs(120);
 
@@ -83,20 +98,11 @@ impl Cluster {
             nodes: Vec::new(),
             restarted: Vec::new(),
         };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
+        let mut cmd = twinhub_cmd();
         cmd.args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()])
             .arg("--dir")
             .arg(&dir)
             .args(["--timeout", "180"]);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        // The nodes inherit these.
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
         let out = cmd.output().expect("run twinhub cluster up");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -297,16 +303,8 @@ impl Cluster {
 
     /// Runs `twinhub cluster <args> --dir DIR`, asserting success; returns stdout.
     pub fn cli(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
+        let mut cmd = twinhub_cmd();
         cmd.arg("cluster").args(args).arg("--dir").arg(&self.dir);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null());
         let out = cmd.output().expect("run twinhub cluster");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -403,17 +401,8 @@ impl Cluster {
         let node = self.node(id).clone();
         assert!(!pid_alive(node.pid), "node {id} still runs");
         let open = |p: PathBuf| std::fs::OpenOptions::new().create(true).append(true).open(&p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
-        cmd.arg("serve").arg("--config").arg(&node.config);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(open(node.log.with_extension("stdout")))
+        let mut cmd = twinhub_cmd();
+        cmd.arg("serve").arg("--config").arg(&node.config).stdout(open(node.log.with_extension("stdout")))
             .stderr(open(node.log.clone()));
         let child = cmd.spawn().expect("spawn twinhub serve");
         let pid = child.id();
