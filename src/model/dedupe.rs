@@ -65,25 +65,28 @@ pub const REPLY_BYTES: usize = 4 << 20;
 
 /// The twin documents the most recent twin writes answered, FIFO by apply order (so the same on every
 /// replica), bounded by [`REPLY_BYTES`] and by [`DEDUPE_WINDOW`] entries. Part of the snapshot.
+/// Kept as JSON text: a parsed document costs several times its text in memory, and a reply is read
+/// back only when a retry arrives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(from = "Vec<(RequestId, serde_json::Value)>", into = "Vec<(RequestId, serde_json::Value)>")]
 pub struct RecentReplies {
     order: VecDeque<(RequestId, usize)>,
-    docs: BTreeMap<RequestId, serde_json::Value>,
+    docs: BTreeMap<RequestId, Box<str>>,
     bytes: usize,
 }
 
 impl RecentReplies {
-    pub fn get(&self, id: &RequestId) -> Option<&serde_json::Value> {
-        self.docs.get(id)
+    pub fn get(&self, id: &RequestId) -> Option<serde_json::Value> {
+        self.docs.get(id).and_then(|text| serde_json::from_str(text).ok())
     }
 
     pub fn remember(&mut self, id: RequestId, doc: serde_json::Value) {
-        let size = serde_json::to_vec(&doc).map(|v| v.len()).unwrap_or(0);
+        let text = serde_json::to_string(&doc).unwrap_or_default();
+        let size = text.len();
         if size > REPLY_BYTES {
             return;
         }
-        if self.docs.insert(id, doc).is_none() {
+        if self.docs.insert(id, text.into_boxed_str()).is_none() {
             self.order.push_back((id, size));
             self.bytes += size;
         }
@@ -107,7 +110,10 @@ impl From<Vec<(RequestId, serde_json::Value)>> for RecentReplies {
 
 impl From<RecentReplies> for Vec<(RequestId, serde_json::Value)> {
     fn from(mut r: RecentReplies) -> Self {
-        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d))).collect()
+        r.order
+            .iter()
+            .filter_map(|(id, _)| r.docs.remove(id).and_then(|d| serde_json::from_str(&d).ok()).map(|d| (*id, d)))
+            .collect()
     }
 }
 
@@ -139,7 +145,7 @@ mod tests {
             r.remember(RequestId(i), doc.clone());
         }
         assert!(r.get(&RequestId(0)).is_none() && r.get(&RequestId(1)).is_none(), "oldest evicted");
-        assert_eq!(r.get(&RequestId(5)), Some(&doc));
+        assert_eq!(r.get(&RequestId(5)), Some(doc.clone()));
         let back: RecentReplies = Vec::from(r.clone()).into();
         assert_eq!(back, r);
     }

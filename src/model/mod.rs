@@ -136,7 +136,7 @@ impl ShardState {
     pub fn apply(&mut self, cmd: &Command) -> Applied {
         if let Some(first) = self.dedupe.get(&cmd.request_id) {
             let result = match (first, self.replies.get(&cmd.request_id)) {
-                (Remembered::Twin(_), Some(doc)) => Ok(Reply::Twin(doc.clone())),
+                (Remembered::Twin(_), Some(doc)) => Ok(Reply::Twin(doc)),
                 _ => self.recall(first),
             };
             return Applied { result, events: Vec::new() };

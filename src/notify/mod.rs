@@ -82,7 +82,8 @@ impl HubConfig {
             device_queue: 256,
             feed_queue: 8192,
             retained: 65_536,
-            retained_bytes: 64 << 20,
+            // JSON size; parsed, a change takes roughly 3-4 times that in memory.
+            retained_bytes: 16 << 20,
         }
     }
 }

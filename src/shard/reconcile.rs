@@ -403,9 +403,12 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
                     tracing::warn!(shard = id, node, "event tail fell behind: some change events were skipped");
                 }
                 let mut last = cursor;
-                for (index, events) in &page.entries {
-                    (sink.0)(id, events);
-                    last = Some(*index);
+                for (index, events) in page.events() {
+                    (sink.0)(id, &events);
+                    last = Some(index);
+                }
+                if let Some((index, _)) = page.entries.last() {
+                    last = Some(last.map_or(*index, |l| l.max(*index)));
                 }
                 cursor = match (last, cursor) {
                     (Some(l), _) => Some(l),

@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -23,28 +23,59 @@ use crate::model::Event;
 /// `Result<EventPage, ShardError>` out (events hold JSON values).
 pub const EVENTS_CALL: &str = "shard.events";
 
-/// Entries (with events) each replica keeps per shard for tailing peers.
+/// Entries (with events) each replica keeps per shard for tailing peers ...
 const RING_ENTRIES: usize = 8192;
+/// ... and at most this many bytes of their JSON.
+const RING_BYTES: usize = 8 << 20;
+/// A ring nobody has read for this long stops recording and is emptied: on a cluster where every
+/// node hosts every shard nobody tails, and the ring would only cost memory.
+const IDLE_AFTER: Duration = Duration::from_secs(60);
 
 /// How long a tail request waits for new events before answering an empty page.
 pub const LONG_POLL: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct EventPage {
-    /// `(log index, events)` after the caller's cursor, in log order.
-    pub entries: Vec<(u64, Vec<Event>)>,
+    /// `(log index, JSON of the entry's events)` after the caller's cursor, in log order.
+    pub entries: Vec<(u64, String)>,
     /// The newest index this replica recorded (the cursor to use when `entries` is empty).
     pub head: u64,
     /// Entries after the caller's cursor were dropped from the ring before it asked.
     pub gap: bool,
 }
 
+impl EventPage {
+    /// The events of each entry, in order (an entry that does not parse is skipped and counted).
+    pub fn events(&self) -> impl Iterator<Item = (u64, Vec<Event>)> + '_ {
+        self.entries.iter().filter_map(|(i, json)| match serde_json::from_str(json) {
+            Ok(events) => Some((*i, events)),
+            Err(e) => {
+                tracing::warn!(index = i, "an event tail entry does not parse: {e}");
+                None
+            }
+        })
+    }
+}
+
 #[derive(Default)]
 struct Ring {
-    entries: VecDeque<(u64, Vec<Event>)>,
+    /// Events as JSON text: several times smaller than parsed, and ready to send.
+    entries: VecDeque<(u64, Arc<str>)>,
+    bytes: usize,
     /// Highest index dropped from the ring (a cursor below it has missed events).
     evicted_upto: u64,
     head: u64,
+    last_read: Option<Instant>,
+}
+
+impl Ring {
+    fn clear(&mut self) {
+        if let Some((last, _)) = self.entries.back() {
+            self.evicted_upto = self.evicted_upto.max(*last);
+        }
+        self.entries.clear();
+        self.bytes = 0;
+    }
 }
 
 /// The per-shard rings of one node, written by its state machines.
@@ -64,10 +95,18 @@ impl EventRings {
                 return;
             }
             ring.head = index;
-            ring.entries.push_back((index, events.to_vec()));
-            while ring.entries.len() > RING_ENTRIES {
-                if let Some((i, _)) = ring.entries.pop_front() {
+            if !ring.last_read.is_some_and(|t| t.elapsed() < IDLE_AFTER) {
+                ring.clear();
+                ring.evicted_upto = index;
+                return;
+            }
+            let json: Arc<str> = serde_json::to_string(events).unwrap_or_default().into();
+            ring.bytes += json.len();
+            ring.entries.push_back((index, json));
+            while ring.entries.len() > RING_ENTRIES || ring.bytes > RING_BYTES {
+                if let Some((i, old)) = ring.entries.pop_front() {
                     ring.evicted_upto = i;
+                    ring.bytes = ring.bytes.saturating_sub(old.len());
                 }
             }
         }
@@ -80,10 +119,12 @@ impl EventRings {
     }
 
     fn page(&self, shard: ShardId, after: Option<u64>) -> EventPage {
-        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(ring) = rings.get(&shard) else { return EventPage::default() };
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = rings.entry(shard).or_default();
+        ring.last_read = Some(Instant::now());
         let Some(after) = after else { return EventPage { entries: Vec::new(), head: ring.head, gap: false } };
-        let entries: Vec<_> = ring.entries.iter().filter(|(i, _)| *i > after).take(256).cloned().collect();
+        let entries: Vec<_> =
+            ring.entries.iter().filter(|(i, _)| *i > after).take(256).map(|(i, j)| (*i, j.to_string())).collect();
         EventPage { entries, head: ring.head, gap: after < ring.evicted_upto }
     }
 
@@ -118,7 +159,7 @@ mod tests {
     #[tokio::test]
     async fn pages_follow_the_cursor_and_report_gaps() {
         let rings = EventRings::default();
-        assert_eq!(rings.wait_page(1, None, Duration::ZERO).await.head, 0);
+        assert_eq!(rings.wait_page(1, None, Duration::ZERO).await.head, 0, "a first read starts the recording");
         rings.record(1, 5, &ev(5));
         rings.record(1, 7, &ev(7));
         rings.record(1, 7, &ev(8)); // re-applied: ignored
@@ -132,8 +173,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_unread_ring_records_nothing() {
+        let rings = EventRings::default();
+        rings.record(3, 1, &ev(1));
+        rings.record(3, 2, &ev(2));
+        let p = rings.wait_page(3, None, Duration::ZERO).await;
+        assert_eq!(p.head, 2);
+        assert!(p.entries.is_empty());
+        assert!(rings.wait_page(3, Some(0), Duration::ZERO).await.gap, "what was not recorded is a gap");
+        rings.record(3, 3, &ev(3));
+        let p = rings.wait_page(3, Some(2), Duration::ZERO).await;
+        assert_eq!(p.events().map(|(i, _)| i).collect::<Vec<_>>(), vec![3]);
+    }
+
+    #[tokio::test]
     async fn a_waiting_tail_wakes_on_new_events() {
         let rings = Arc::new(EventRings::default());
+        rings.wait_page(2, None, Duration::ZERO).await;
         rings.record(2, 1, &ev(1));
         let r = rings.clone();
         let waiter = tokio::spawn(async move { r.wait_page(2, Some(1), Duration::from_secs(5)).await });
