@@ -31,6 +31,10 @@ pub enum NodeError {
     ClusterSecret,
     #[error("opening shards: {0}")]
     Shards(#[from] ShardError),
+    /// A Raft group stopped on a storage error: the node exits so that its supervisor restarts it
+    /// (systemd `Restart=`, a Kubernetes pod), which reopens the data once the disk works again.
+    #[error("storage failed, stopping so that a restart reopens the data: {0}")]
+    StorageFailed(String),
 }
 
 pub struct Node {
@@ -255,10 +259,31 @@ pub async fn run(config: Config) -> Result<(), NodeError> {
         let _ = writeln!(out, "{}", node.connection_string());
         let _ = out.flush();
     }
-    wait_for_signal().await;
+    let failed = tokio::select! {
+        _ = wait_for_signal() => None,
+        why = storage_failed(&node) => Some(why),
+    };
     tracing::info!("shutting down");
     node.shutdown().await;
-    Ok(())
+    match failed {
+        None => Ok(()),
+        Some(why) => Err(NodeError::StorageFailed(why)),
+    }
+}
+
+/// Resolves once a Raft group of the node has stopped on a storage error. A node in that state no
+/// longer replicates or leads that shard (the others take over) but would otherwise stay up answering
+/// from a frozen replica; exiting lets a supervisor restart it, and the restart reopens the data (the
+/// same path as after a crash, so nothing acknowledged is lost).
+async fn storage_failed(node: &Node) -> String {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if let Some(why) = node.shards.storage_failure() {
+            tracing::error!("{why}");
+            return why;
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -8,6 +8,12 @@ pub fn etag_text(counter: u64) -> String {
     base64::engine::general_purpose::STANDARD.encode(counter.to_be_bytes())
 }
 
+/// The counter of an etag, or `None` for text that is no etag of ours (which can never match).
+pub fn etag_counter(text: &str) -> Option<u64> {
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -17,5 +23,8 @@ mod tests {
         assert_eq!(etag_text(7), "AAAAAAAAAAc=");
         assert_eq!(etag_text(1), "AAAAAAAAAAE=");
         assert_ne!(etag_text(0), "*");
+        assert_eq!(etag_counter("AAAAAAAAAAc="), Some(7));
+        assert_eq!(etag_counter("AAAA"), None);
+        assert_eq!(etag_counter("not base64!"), None);
     }
 }

@@ -279,6 +279,18 @@ impl ShardState {
         self.twin_doc(id).map(|t| t.properties())
     }
 
+    /// Whether an If-Match etag is certainly stale against this (possibly lagging) replica: it names
+    /// an older version than the one applied here, or is no etag at all. Etag counters only grow, so
+    /// an etag older than a state this replica applied can never match the committed state again;
+    /// a newer one may be current (this replica may lag), so it is not judged here.
+    pub fn etag_certainly_stale(&self, id: &TwinId, if_match: &str) -> bool {
+        match (self.twin_doc(id), etag::etag_counter(if_match)) {
+            (Ok(doc), Some(counter)) => counter < doc.etag,
+            (Ok(_), None) => true,
+            (Err(_), _) => false,
+        }
+    }
+
     /// Current twin etag (for If-Match pre-checks before proposing).
     pub fn twin_etag(&self, id: &TwinId) -> Result<String, TwinError> {
         self.twin_doc(id).map(|t| etag::etag_text(t.etag))

@@ -674,6 +674,18 @@ impl Shards {
         self.hosted().iter().all(|s| has_leader(s))
     }
 
+    /// The first group whose Raft core stopped on a storage error (a full or failing disk), with the
+    /// error. openraft does not restart a group after that; the node must be restarted (see
+    /// `node::run`), which reopens the data as after a crash.
+    pub fn storage_failure(&self) -> Option<String> {
+        let mut all = self.hosted();
+        all.extend(self.meta.clone());
+        all.iter().find_map(|s| match &s.raft.metrics().borrow_watched().running_state {
+            Err(f @ Fatal::StorageError(_)) => Some(format!("shard {}: {f}", s.id)),
+            _ => None,
+        })
+    }
+
     /// Stops every Raft group and flushes storage.
     pub async fn shutdown(&self) {
         let mut all = self.hosted();

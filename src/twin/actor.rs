@@ -63,23 +63,20 @@ impl Actor for TwinActor {
 }
 
 /// Rejects a request whose If-Match cannot match before it costs a log entry (invariant 6). Apply
-/// checks If-Match again on the committed order, so this is only an optimisation. A client's etag comes
-/// from an answer given after apply on the leader, so on a steady leader the local applied state is at
-/// least that new; after a leader change the new leader may briefly lag, which the cluster issue closes by
-/// serving a shard only once its leader has applied its own term's first entry.
+/// checks If-Match again on the committed order, so this is only an optimisation, and it must never
+/// reject what apply would accept: this replica may lag (a deposed leader that does not know it yet,
+/// a leader whose storage failed), so only an etag *older* than the state applied here is rejected
+/// (etag counters only grow); an etag this replica has not seen yet goes to Raft.
 fn precheck(id: &TwinId, shard: &Shard, cmd: &Command) -> Option<Applied> {
     let if_match = match &cmd.op {
         Op::UpdateTwin { if_match: Some(IfMatch::Etag(e)), .. } | Op::ReplaceTwin { if_match: Some(IfMatch::Etag(e)), .. } => e,
         _ => return None,
     };
-    let current = shard.read_local(|s| s.twin_etag(id));
-    match current {
-        Ok(etag) if etag != *if_match => Some(Applied {
-            result: Err(TwinError::PreconditionFailed(format!(
-                "etag {if_match} does not match the twin's current etag"
-            ))),
-            events: Vec::new(),
-        }),
-        _ => None,
+    if !shard.read_local(|s| s.etag_certainly_stale(id, if_match)) {
+        return None;
     }
+    Some(Applied {
+        result: Err(TwinError::PreconditionFailed(format!("etag {if_match} does not match the twin's current etag"))),
+        events: Vec::new(),
+    })
 }

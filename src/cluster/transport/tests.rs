@@ -317,7 +317,12 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     member.peers().set(1, node.addr.clone());
     let resp = member.vote(1, 0, vote_req(5, 2), WAIT).await.expect("member vote");
     assert!(resp.is_granted_to(&openraft::impls::Vote::new(5, 2)), "{resp:?}");
-    assert_eq!(term(), 5);
+    // Metrics are published after the vote is answered: wait for them rather than race them.
+    node.raft
+        .wait(Some(WAIT))
+        .metrics(|m| m.current_term == 5, "the granted vote's term")
+        .await
+        .expect("term 5 in the metrics");
 
     // And a client refuses an answer signed by another node than the one it asked.
     let confused = transport(2);
