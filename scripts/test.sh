@@ -72,8 +72,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "installing into $VENV: ${missing[*]}"
   pip_install "${missing[@]}"
 fi
-# The device-SDK suite severs device connections with `ss -K` (iproute2).
+# The device-SDK suite severs device connections with `ss -K` (iproute2); the chaos suite cuts links
+# between network namespaces with iptables.
 command -v ss >/dev/null 2>&1 || apt_install iproute2
+command -v iptables >/dev/null 2>&1 || apt_install iptables
 "$VENV/bin/python" -c 'import azure.iot.hub, azure.iot.device, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| azure-iot-device", version("azure-iot-device"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
   || die "the Python SDKs do not import from $VENV"
 
@@ -88,6 +90,15 @@ cargo test --no-fail-fast 2>&1 || failed+=("cargo test")
 step "pytest: official azure-iot-hub service SDK and azure-iot-device device SDK against the real binary"
 TWINHUB_BIN="$PWD/target/debug/twinhub" "$VENV/bin/python" -m pytest -v -p no:cacheprovider tests/python \
   || failed+=("pytest")
+
+step "chaos suite, short profile (every scenario once against a 3-node cluster in network namespaces)"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "the chaos suite needs root (network namespaces, iptables, tmpfs mounts)"
+  failed+=("chaos (not root)")
+else
+  rm -rf target/chaos-short
+  target/debug/twinhub chaos --profile short --dir target/chaos-short 2>&1 || failed+=("chaos (see target/chaos-short/summary.txt)")
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED: ${failed[*]}"

@@ -60,6 +60,8 @@ mod slack;
 mod versions;
 mod wgl;
 
+pub mod runner;
+
 #[cfg(test)]
 mod tests;
 

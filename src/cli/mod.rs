@@ -1,5 +1,6 @@
-//! Command line: `twinhub serve` and `twinhub cluster …`.
+//! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`.
 
+pub mod chaos;
 pub mod cluster;
 pub mod config;
 mod https;
@@ -24,6 +25,8 @@ enum Command {
     /// Run a local cluster on this machine (loopback ports).
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Run the chaos suite against a cluster it starts itself (needs root: namespaces, iptables).
+    Chaos(chaos::ChaosArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -40,6 +43,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Cluster(c) => cluster::run(c),
+        Command::Chaos(a) => chaos::main(a),
     }
 }
 
