@@ -27,7 +27,10 @@ const MQTT_PLAIN_PORT: u16 = 1883;
 const EVENTS_PORT: u16 = 8884;
 const CLUSTER_PORT: u16 = 7000;
 /// Mount points of this run's node disks, so that a later run can unmount them after a crash.
-const MOUNTS_FILE: &str = "/run/chaosrun.mounts";
+/// The tmpfs mounts of this network slot's runs, for cleanup after a crash.
+fn mounts_file() -> String {
+    format!("/run/twinhub-chaos-{}.mounts", super::net::slot())
+}
 
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
@@ -73,7 +76,7 @@ pub struct Cluster {
 
 /// Unmounts the node disks of an earlier run (listed in the mounts file, or under `dir`).
 pub fn unmount_stale(dir: &Path) {
-    let mut points: Vec<String> = std::fs::read_to_string(MOUNTS_FILE).unwrap_or_default().lines().map(str::to_string).collect();
+    let mut points: Vec<String> = std::fs::read_to_string(mounts_file()).unwrap_or_default().lines().map(str::to_string).collect();
     let dir_s = dir.to_string_lossy().to_string();
     for line in std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines() {
         if let Some(mp) = line.split_whitespace().nth(1) {
@@ -88,7 +91,7 @@ pub fn unmount_stale(dir: &Path) {
             let _ = net::run("umount", &["-l", &p]);
         }
     }
-    let _ = std::fs::remove_file(MOUNTS_FILE);
+    let _ = std::fs::remove_file(mounts_file());
 }
 
 /// Everything a crashed or interrupted run may have left: processes in our namespaces, the namespaces,
@@ -121,7 +124,7 @@ impl Cluster {
             std::fs::create_dir_all(&disk)?;
             net::run("mount", &["-t", "tmpfs", "-o", &format!("size={}m", cfg.disk_mb), "tmpfs", &disk.to_string_lossy()])?;
             mounts.push_str(&format!("{}\n", disk.display()));
-            std::fs::write(MOUNTS_FILE, &mounts)?;
+            std::fs::write(mounts_file(), &mounts)?;
             let data_dir = disk.join("data");
             std::fs::create_dir_all(&data_dir)?;
             nodes.push(NodeProc {

@@ -1,24 +1,49 @@
-//! The test network: one network namespace per node (`th-nI`, address 10.77.0.(10+I)), each joined by a
-//! veth pair to the bridge `th-br0` (10.77.0.1) in the root namespace, where the clients run. Links are
-//! cut with iptables DROP rules in a chain `CHAOS` inside a node's namespace (hooked into INPUT and
-//! OUTPUT); healing flushes that chain. Nothing leaves these namespaces and the bridge.
+//! The test network: one network namespace per node (`thS-nI`, address 10.(78+S).0.(10+I)), each joined
+//! by a veth pair to the bridge `thS-br` (10.(78+S).0.1) in the root namespace, where the clients run.
+//! Links are cut with iptables DROP rules in a chain `CHAOS` inside a node's namespace (hooked into INPUT
+//! and OUTPUT); healing flushes that chain. Nothing leaves these namespaces and the bridge.
+//!
+//! `S` is the network slot, `TWINHUB_CHAOS_NET` (0–9, default 0): runs in different slots use different
+//! names and subnets, so two runs on one machine (a long soak and CI) do not tear down each other's
+//! network. Cleanup only ever touches its own slot.
 
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
-pub const BRIDGE: &str = "th-br0";
-pub const NS_PREFIX: &str = "th-n";
-pub const BRIDGE_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 const CHAIN: &str = "CHAOS";
 
+/// This run's network slot (see the module doc).
+pub fn slot() -> u8 {
+    static SLOT: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *SLOT.get_or_init(|| {
+        std::env::var("TWINHUB_CHAOS_NET").ok().and_then(|v| v.trim().parse::<u8>().ok()).filter(|s| *s <= 9).unwrap_or(0)
+    })
+}
+
+pub fn bridge() -> String {
+    format!("th{}-br", slot())
+}
+
+fn ns_prefix() -> String {
+    format!("th{}-n", slot())
+}
+
+fn veth_prefix() -> String {
+    format!("th{}v", slot())
+}
+
+pub fn bridge_ip() -> Ipv4Addr {
+    Ipv4Addr::new(10, 78 + slot(), 0, 1)
+}
+
 pub fn ns_name(id: u64) -> String {
-    format!("{NS_PREFIX}{id}")
+    format!("{}{id}", ns_prefix())
 }
 
 pub fn node_ip(id: u64) -> Ipv4Addr {
-    Ipv4Addr::new(10, 77, 0, 10 + id as u8)
+    Ipv4Addr::new(10, 78 + slot(), 0, 10 + id as u8)
 }
 
 /// Runs a command; an error carries its stderr.
@@ -47,7 +72,7 @@ pub fn our_namespaces() -> Vec<String> {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.strip_prefix(NS_PREFIX).is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit())))
+        .filter(|n| n.strip_prefix(ns_prefix().as_str()).is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit())))
         .map(str::to_string)
         .collect()
 }
@@ -59,18 +84,19 @@ pub fn pids_in(ns: &str) -> Vec<i32> {
 
 /// Creates the bridge and one namespace per node. Assumes `teardown` ran before.
 pub fn setup(ids: &[u64]) -> Result<()> {
-    run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
-    run("ip", &["addr", "add", &format!("{BRIDGE_IP}/24"), "dev", BRIDGE])?;
-    run("ip", &["link", "set", BRIDGE, "up"])?;
+    let bridge = bridge();
+    run("ip", &["link", "add", &bridge, "type", "bridge"])?;
+    run("ip", &["addr", "add", &format!("{}/24", bridge_ip()), "dev", &bridge])?;
+    run("ip", &["link", "set", &bridge, "up"])?;
     for &id in ids {
         let ns = ns_name(id);
-        let host_end = format!("th-v{id}");
-        let ns_end = format!("th-p{id}");
+        let host_end = format!("{}{id}", veth_prefix());
+        let ns_end = format!("th{}p{id}", slot());
         run("ip", &["netns", "add", &ns])?;
         in_ns(id, "ip", &["link", "set", "lo", "up"])?;
         run("ip", &["link", "add", &host_end, "type", "veth", "peer", "name", &ns_end])?;
         run("ip", &["link", "set", &ns_end, "netns", &ns])?;
-        run("ip", &["link", "set", &host_end, "master", BRIDGE])?;
+        run("ip", &["link", "set", &host_end, "master", &bridge])?;
         run("ip", &["link", "set", &host_end, "up"])?;
         in_ns(id, "ip", &["addr", "add", &format!("{}/24", node_ip(id)), "dev", &ns_end])?;
         in_ns(id, "ip", &["link", "set", &ns_end, "up"])?;
@@ -105,7 +131,7 @@ pub fn teardown() {
     let links = run("ip", &["-o", "link", "show"]).unwrap_or_default();
     for l in links.lines() {
         if let Some(name) = l.split(':').nth(1).map(|s| s.trim().split('@').next().unwrap_or("").to_string()) {
-            if name.starts_with("th-v") || name == BRIDGE {
+            if name.starts_with(veth_prefix().as_str()) || name == bridge() {
                 let _ = run("ip", &["link", "del", &name]);
             }
         }
