@@ -291,6 +291,13 @@ impl ShardState {
         }
     }
 
+    /// Whether a command with this request id was applied here (recently): a retry of it must reach
+    /// apply, which answers the first outcome, rather than be judged again by a pre-check (its own
+    /// apply moved the etag it carries).
+    pub fn remembers(&self, request_id: &RequestId) -> bool {
+        self.dedupe.get(request_id).is_some()
+    }
+
     /// Current twin etag (for If-Match pre-checks before proposing).
     pub fn twin_etag(&self, id: &TwinId) -> Result<String, TwinError> {
         self.twin_doc(id).map(|t| etag::etag_text(t.etag))

@@ -780,3 +780,24 @@ fn snapshot_round_trips_exactly() {
     assert!(ShardState::decode_snapshot(b"garbage").is_err());
     assert!(ShardState::decode_snapshot(&[]).is_err());
 }
+
+/// The pre-check's view (chaos finding): a retried If-Match write whose first attempt applied carries
+/// an etag its own apply made stale. The pre-check must let it through (the request id is known), and
+/// apply answers the first outcome instead of a 412.
+#[test]
+fn a_retried_if_match_write_is_not_judged_stale_by_its_own_apply() {
+    let mut f = Fixture::with_device("d1");
+    let etag = f.state.twin_etag(&dev()).unwrap_or_default();
+    assert!(!f.state.etag_certainly_stale(&dev(), &etag), "the current etag is not stale");
+    let newer = super::etag::etag_text(u64::MAX - 1);
+    assert!(!f.state.etag_certainly_stale(&dev(), &newer), "an etag this replica has not seen may be current");
+    assert!(f.state.etag_certainly_stale(&dev(), "garbage"), "no etag of ours can never match");
+    let op = Op::UpdateTwin { id: dev(), patch_json: json!({"tags": {"a": 1}}).to_string(), if_match: Some(IfMatch::Etag(etag.clone())) };
+    let cmd = f.cmd(op);
+    let first = f.state.apply(&cmd);
+    assert!(first.result.is_ok());
+    assert!(f.state.etag_certainly_stale(&dev(), &etag), "the etag moved");
+    assert!(f.state.remembers(&cmd.request_id), "the pre-check sees that this request applied");
+    let retry = f.state.apply(&cmd);
+    assert_eq!(retry.result, first.result, "a retry answers the first outcome, not a 412");
+}

@@ -66,13 +66,17 @@ impl Actor for TwinActor {
 /// checks If-Match again on the committed order, so this is only an optimisation, and it must never
 /// reject what apply would accept: this replica may lag (a deposed leader that does not know it yet,
 /// a leader whose storage failed), so only an etag *older* than the state applied here is rejected
-/// (etag counters only grow); an etag this replica has not seen yet goes to Raft.
+/// (etag counters only grow); an etag this replica has not seen yet goes to Raft, and so does a retry of
+/// a command this replica already applied. The chaos suite found both: a deposed leader answering 412
+/// to a current etag, and a retried If-Match write answered 412 although its first attempt applied.
 fn precheck(id: &TwinId, shard: &Shard, cmd: &Command) -> Option<Applied> {
     let if_match = match &cmd.op {
         Op::UpdateTwin { if_match: Some(IfMatch::Etag(e)), .. } | Op::ReplaceTwin { if_match: Some(IfMatch::Etag(e)), .. } => e,
         _ => return None,
     };
-    if !shard.read_local(|s| s.etag_certainly_stale(id, if_match)) {
+    // A retry of a command that already applied (its answer was lost in a leader change) carries the
+    // etag its own apply replaced: it goes to Raft, where dedupe answers the first outcome.
+    if !shard.read_local(|s| !s.remembers(&cmd.request_id) && s.etag_certainly_stale(id, if_match)) {
         return None;
     }
     Some(Applied {
