@@ -165,11 +165,26 @@ async fn must_agree_on_leader(nodes: &[&TestNode], not: Option<NodeId>) -> NodeI
     }
 }
 
-/// Writes a device through `leader` and returns the log index it was committed at.
+/// Writes a device through `leader` and returns the log index it was committed at. On a loaded
+/// machine a leader can miss its lease for a moment (`ForwardToLeader`, no entry appended): it retries
+/// until the deadline, so only a leader that stays unable to write fails the test.
 async fn must_put_device(leader: &TestNode, id: &str) -> u64 {
-    let resp = leader.raft.client_write(put_device(id)).await.expect("client_write");
-    assert!(matches!(resp.data.result, Ok(Reply::Device(_))), "{:?}", resp.data.result);
-    resp.log_id.index
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match leader.raft.client_write(put_device(id)).await {
+            Ok(resp) => {
+                assert!(matches!(resp.data.result, Ok(Reply::Device(_))), "{:?}", resp.data.result);
+                return resp.log_id.index;
+            }
+            Err(openraft::error::RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f)))
+                if Instant::now() < deadline =>
+            {
+                eprintln!("node {} could not write ({f}); retrying", leader.id);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("client_write: {e:?}"),
+        }
+    }
 }
 
 async fn must_apply(nodes: &[&TestNode], index: u64) {
