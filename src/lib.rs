@@ -19,9 +19,14 @@
 //! - [`http`]: the HTTPS service API (registry and twins, `GET /twin-changes`), IoT Hub's error bodies.
 //! - [`node`]: owns everything a process runs; start and graceful shutdown.
 //! - [`chaos`]: the chaos suite's pure history checker: versions, linearizability (WGL), lost writes, pushes.
-//! - [`cli`]: `twinhub serve` and its configuration (flags, `TWINHUB_*` variables, TOML).
+//! - [`query`], [`jobs`]: the IoT Hub query language, scattered to every shard; Jobs v2 on top of it.
+//! - [`bench`]: `twinhub bench`, the fleet load generator and the etcd/NATS comparison; it drives a
+//!   cluster strictly from outside, over HTTPS and MQTT, like any user would.
+//! - [`cli`]: `twinhub serve`, `cluster`, `chaos`, `bench`, and the configuration (flags, `TWINHUB_*`
+//!   variables, TOML).
 
 pub mod auth;
+pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod cluster;

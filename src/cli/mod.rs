@@ -1,5 +1,6 @@
-//! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`.
+//! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`, `twinhub bench …`.
 
+pub mod bench;
 pub mod chaos;
 pub mod cluster;
 pub mod config;
@@ -27,6 +28,9 @@ enum Command {
     Cluster(cluster::ClusterCommand),
     /// Run the chaos suite against a cluster it starts itself (needs root: namespaces, iptables).
     Chaos(chaos::ChaosArgs),
+    /// Load generator and peer comparison (etcd, NATS JetStream KV); see benches/README.md.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 pub fn main() -> ExitCode {
@@ -44,6 +48,7 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Cluster(c) => cluster::run(c),
         Command::Chaos(a) => chaos::main(a),
+        Command::Bench(b) => bench::main(b),
     }
 }
 

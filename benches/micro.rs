@@ -1,0 +1,138 @@
+//! Micro-benches (criterion) of the hot paths of one twin write, in the order a write meets them:
+//! SAS check at the front door, patch validation, the Raft log codec (postcard), and `apply` (merge
+//! with `$metadata`, versions, etag, dedupe) on the state machine.
+//!
+//!   cargo bench --bench micro                 # all
+//!   cargo bench --bench micro -- apply        # one group
+//!
+//! Numbers are recorded in benches/README.md. Nothing here asserts a duration.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use serde_json::{json, Map, Value};
+use twinhub::auth::{sign, SasToken};
+use twinhub::ids::TwinId;
+use twinhub::model::{validate_twin_patch, AuthSpec, Command, DeviceSpec, Op, ShardState, Status};
+
+const KEY: &str = "cHJpbWFyeWtleXByaW1hcnlrZXlwcmltYXJ5a2V5MDA=";
+const T0: i64 = 1_795_000_000_000;
+
+/// A desired patch like the benches' fleets send: `keys` leaves of about 20 bytes under one object.
+fn patch(keys: usize, round: u64) -> Value {
+    let mut leaves = Map::new();
+    for k in 0..keys {
+        leaves.insert(format!("setting{k:03}"), json!(format!("value-{round}-{k:08}")));
+    }
+    json!({"properties": {"desired": {"config": leaves, "seq": round}}})
+}
+
+fn device(id: &str) -> Command {
+    let auth = AuthSpec {
+        auth_type: "sas".into(),
+        primary_key: Some(KEY.into()),
+        secondary_key: Some(KEY.into()),
+        primary_thumbprint: None,
+        secondary_thumbprint: None,
+    };
+    let spec = DeviceSpec { device_id: id.into(), status: Status::Enabled, status_reason: None, auth, iot_edge: false };
+    Command::new(Op::PutDevice { device: spec, if_match: None }, T0)
+}
+
+fn update(id: &str, keys: usize, round: u64) -> Command {
+    let patch_json = patch(keys, round).to_string();
+    Command::new(Op::UpdateTwin { id: TwinId::device(id), patch_json, if_match: None }, T0 + round as i64)
+}
+
+fn sas(c: &mut Criterion) {
+    let sr = "bench-hub.azure-devices.net%2Fdevices%2Fdevice-000042";
+    let se = 4_000_000_000;
+    let sig = sign(KEY, sr, se).expect("base64 key");
+    let sig = percent_encoding::utf8_percent_encode(
+        &base64::Engine::encode(&base64::engine::general_purpose::STANDARD, sig),
+        percent_encoding::NON_ALPHANUMERIC,
+    )
+    .to_string();
+    let header = format!("SharedAccessSignature sr={sr}&sig={sig}&se={se}");
+    let mut g = c.benchmark_group("sas");
+    g.bench_function("parse", |b| b.iter(|| SasToken::parse(black_box(&header)).expect("valid token")));
+    let token = SasToken::parse(&header).expect("valid token");
+    g.bench_function("check_hmac", |b| b.iter(|| black_box(&token).check(&[KEY], 1_795_000_000).expect("signed")));
+    g.finish();
+}
+
+fn validate(c: &mut Criterion) {
+    let mut g = c.benchmark_group("validate_twin_patch");
+    for keys in [1usize, 10, 100] {
+        let body = patch(keys, 1);
+        g.throughput(Throughput::Bytes(body.to_string().len() as u64));
+        g.bench_function(format!("{keys}_leaves"), |b| b.iter(|| validate_twin_patch(black_box(&body)).expect("valid")));
+    }
+    g.finish();
+}
+
+fn codec(c: &mut Criterion) {
+    let mut g = c.benchmark_group("codec_postcard");
+    for keys in [1usize, 100] {
+        let cmd = update("device-000042", keys, 7);
+        let bytes = postcard::to_allocvec(&cmd).expect("encodable");
+        g.throughput(Throughput::Bytes(bytes.len() as u64));
+        g.bench_function(format!("encode_update_{keys}_leaves"), |b| {
+            b.iter(|| postcard::to_allocvec(black_box(&cmd)).expect("encodable"))
+        });
+        g.bench_function(format!("decode_update_{keys}_leaves"), |b| {
+            b.iter(|| postcard::from_bytes::<Command>(black_box(&bytes)).expect("decodable"))
+        });
+    }
+    g.finish();
+}
+
+/// `apply` of a desired patch: parse the patch text, merge it into the twin with `$metadata`
+/// (`$lastUpdated`, `$lastUpdatedVersion`), bump `$version` and the etag, remember the request id and the
+/// reply for dedupe, and produce the change events. Each iteration applies a fresh command (a new
+/// request id) to a twin that already holds the previous rounds.
+fn apply(c: &mut Criterion) {
+    let mut g = c.benchmark_group("apply_update_twin");
+    for keys in [1usize, 10, 100] {
+        let mut state = ShardState::default();
+        assert!(state.apply(&device("device-000042")).result.is_ok());
+        for round in 0..50 {
+            assert!(state.apply(&update("device-000042", keys, round)).result.is_ok());
+        }
+        let mut round = 50;
+        g.bench_function(format!("{keys}_leaves"), |b| {
+            b.iter_batched(
+                || {
+                    round += 1;
+                    update("device-000042", keys, round)
+                },
+                |cmd| {
+                    let applied = state.apply(&cmd);
+                    debug_assert!(applied.result.is_ok());
+                    applied
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    // A shard with many devices: the BTreeMap lookup and the dedupe window at their working size.
+    let mut state = ShardState::default();
+    for d in 0..10_000 {
+        assert!(state.apply(&device(&format!("device-{d:06}"))).result.is_ok());
+    }
+    let mut n = 0u64;
+    g.bench_function("1_leaf_among_10k_devices", |b| {
+        b.iter_batched(
+            || {
+                n += 1;
+                update(&format!("device-{:06}", n % 10_000), 1, n)
+            },
+            |cmd| state.apply(&cmd),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(benches, sas, validate, codec, apply);
+criterion_main!(benches);
