@@ -1,5 +1,6 @@
 //! SAS token verification (spec §1.3) and the hub's shared access policies.
 
+pub mod client;
 mod policy;
 mod sas;
 
