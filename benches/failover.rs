@@ -27,15 +27,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Api, Auth};
-use serde_json::{json, Value};
+use common::cluster::Cluster;
+use serde_json::json;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A round whose writes do not resume within this is reported as failed.
@@ -49,241 +47,20 @@ fn env_u64(name: &str, default: u64) -> u64 {
     }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// A local cluster (the harness of tests/cluster.rs, trimmed)
-
-struct Node {
-    id: u64,
-    pid: u32,
-    http: SocketAddr,
-    config: PathBuf,
-    log: PathBuf,
-}
-
-struct Cluster {
-    root: Option<tempfile::TempDir>,
-    dir: PathBuf,
-    owner_key: String,
-    ca_pem: Vec<u8>,
-    nodes: Vec<Node>,
-    restarted: Vec<Child>,
-}
-
-fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-fn kill9(pid: u32) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    if pid != 0 && String::from_utf8_lossy(&cmdline).contains("twinhub") {
-        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).stderr(Stdio::null()).status();
-    }
-}
-
-impl Cluster {
-    fn up(nodes: u32, shards: u32) -> Cluster {
-        let root = tempfile::Builder::new().prefix("twinhub-failover-").tempdir().expect("temp dir");
-        let dir = root.path().join("cluster");
-        let mut c = Cluster { root: Some(root), dir: dir.clone(), owner_key: String::new(), ca_pem: Vec::new(), nodes: Vec::new(), restarted: Vec::new() };
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
-        cmd.args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()]).arg("--dir").arg(&dir);
-        if let Ok(hb) = std::env::var("FAILOVER_HEARTBEAT_MS") {
-            cmd.args(["--raft-heartbeat-ms", &hb]);
+/// Waits until leadership settled (every node ready, leaders on their preferred nodes or stable), and
+/// returns shard → (leader, term).
+async fn settle(c: &Cluster) -> BTreeMap<u64, (u64, u64)> {
+    let ids = c.ids();
+    let started = Instant::now();
+    loop {
+        for id in &ids {
+            c.wait_ready(*id).await;
         }
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
+        c.settle_leadership().await;
+        if let Some(l) = c.leaders(&ids).await {
+            return l.into_iter().map(|(s, v)| (u64::from(s), v)).collect();
         }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into())).env("NO_COLOR", "1");
-        let out = cmd.stdin(Stdio::null()).output().expect("run twinhub cluster up");
-        assert!(
-            out.status.success(),
-            "twinhub cluster up failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let file: Value = serde_json::from_slice(&std::fs::read(dir.join("cluster.json")).expect("cluster.json")).expect("cluster.json is JSON");
-        c.owner_key = file["owner_key"].as_str().expect("owner_key").to_string();
-        c.ca_pem = std::fs::read(file["ca"].as_str().expect("ca")).expect("read CA");
-        for n in file["nodes"].as_array().expect("nodes") {
-            c.nodes.push(Node {
-                id: n["id"].as_u64().expect("id"),
-                pid: n["pid"].as_u64().expect("pid") as u32,
-                http: n["http"].as_str().and_then(|a| a.parse().ok()).expect("http"),
-                config: PathBuf::from(n["config"].as_str().expect("config")),
-                log: PathBuf::from(n["log"].as_str().expect("log")),
-            });
-        }
-        c
-    }
-
-    fn node(&self, id: u64) -> &Node {
-        self.nodes.iter().find(|n| n.id == id).expect("node")
-    }
-
-    fn ids(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| n.id).collect()
-    }
-
-    fn api(&self, id: u64, timeout: Duration) -> Api {
-        let port = self.node(id).http.port();
-        let http = reqwest::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(&self.ca_pem).expect("CA"))
-            .https_only(true)
-            .resolve("localhost", self.node(id).http)
-            .timeout(timeout)
-            .build()
-            .expect("client");
-        Api {
-            http,
-            base_url: format!("https://localhost:{port}"),
-            host_name: format!("localhost:{port}"),
-            auth: Auth::Policy { name: "iothubowner".into(), key: self.owner_key.clone() },
-        }
-    }
-
-    async fn status(&self, id: u64) -> Option<Value> {
-        match self.api(id, Duration::from_secs(3)).try_send("GET", "/cluster/status", None, &[]).await {
-            Ok(r) if r.status == 200 => r.json,
-            _ => None,
-        }
-    }
-
-    async fn ready(&self, id: u64) -> bool {
-        let url = format!("https://localhost:{}/ready", self.node(id).http.port());
-        matches!(self.api(id, Duration::from_secs(3)).http.get(url).send().await, Ok(r) if r.status() == 200)
-    }
-
-    /// Every shard's leader if all `live` nodes agree on it (and it says it leads), else `None`.
-    async fn leaders(&self, live: &[u64]) -> Option<BTreeMap<u64, (u64, u64)>> {
-        let mut views = BTreeMap::new();
-        for id in live {
-            views.insert(*id, self.status(*id).await?);
-        }
-        let mut out = BTreeMap::new();
-        let any = views.values().next()?;
-        for s in any["shards"].as_array()? {
-            let shard = s["shard"].as_u64()?;
-            let leader = s["leader"].as_u64()?;
-            for v in views.values() {
-                let mine = v["shards"].as_array()?.iter().find(|x| x["shard"] == shard)?;
-                if mine["leader"].as_u64() != Some(leader) {
-                    return None;
-                }
-            }
-            let at_leader = views.get(&leader)?["shards"].as_array()?.iter().find(|x| x["shard"] == shard)?.clone();
-            if at_leader["is_leader"] != true {
-                return None;
-            }
-            out.insert(shard, (leader, at_leader["term"].as_u64().unwrap_or(0)));
-        }
-        Some(out)
-    }
-
-    /// Waits until every node is ready and leadership has settled: every shard on its preferred leader,
-    /// or the leaders unchanged for 5 s. Returns shard → (leader, term).
-    async fn settle(&self, shard_count: u32) -> BTreeMap<u64, (u64, u64)> {
-        let ids = self.ids();
-        let preferred = twinhub::cluster::placement::Placement::initial(&ids, shard_count, ids.len());
-        let started = Instant::now();
-        let mut stable: Option<(BTreeMap<u64, u64>, Instant)> = None;
-        loop {
-            let mut all_ready = true;
-            for id in &ids {
-                all_ready &= self.ready(*id).await;
-            }
-            if all_ready {
-                if let Some(l) = self.leaders(&ids).await {
-                    let map: BTreeMap<u64, u64> = l.iter().map(|(s, (n, _))| (*s, *n)).collect();
-                    let on_preferred = map.iter().all(|(s, n)| preferred.shards.get(*s as usize).is_some_and(|p| p.leader == *n));
-                    match &stable {
-                        Some((m, t)) if *m == map => {
-                            if on_preferred && t.elapsed() >= Duration::from_millis(500) || t.elapsed() >= Duration::from_secs(5) {
-                                return l;
-                            }
-                        }
-                        _ => stable = Some((map, Instant::now())),
-                    }
-                } else {
-                    stable = None;
-                }
-            }
-            if started.elapsed() > SETTLE_LIMIT {
-                panic!("the cluster did not settle within {SETTLE_LIMIT:?} (see the logs under {})", self.dir.display());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// SIGKILL node `id`; returns once the signal was delivered.
-    fn kill9(&mut self, id: u64) {
-        let pid = self.node(id).pid;
-        if let Some(c) = self.restarted.iter_mut().find(|c| c.id() == pid) {
-            let _ = c.kill();
-        } else {
-            kill9(pid);
-        }
-    }
-
-    fn wait_gone(&mut self, id: u64) {
-        let pid = self.node(id).pid;
-        if let Some(c) = self.restarted.iter_mut().find(|c| c.id() == pid) {
-            let _ = c.wait();
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while pid_alive(pid) {
-            assert!(Instant::now() < deadline, "node {id} (pid {pid}) survived SIGKILL for 30 s");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn restart(&mut self, id: u64) {
-        let (config, log) = (self.node(id).config.clone(), self.node(id).log.clone());
-        let open = |p: PathBuf| std::fs::OpenOptions::new().create(true).append(true).open(p).expect("open log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_twinhub"));
-        cmd.arg("serve").arg("--config").arg(&config);
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("TWINHUB_") {
-                cmd.env_remove(&k);
-            }
-        }
-        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(open(log.with_extension("stdout")))
-            .stderr(open(log));
-        let child = cmd.spawn().expect("spawn twinhub serve");
-        let pid = child.id();
-        // Reap the children of earlier rounds as they go.
-        self.restarted.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
-        self.restarted.push(child);
-        self.nodes.iter_mut().find(|n| n.id == id).expect("node").pid = pid;
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let mut pids: Vec<u32> = self.nodes.iter().map(|n| n.pid).collect();
-        if let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(self.dir.join("cluster.json")).unwrap_or_default()) {
-            pids.extend(v["nodes"].as_array().into_iter().flatten().filter_map(|n| n["pid"].as_u64()).map(|p| p as u32));
-        }
-        for pid in pids {
-            kill9(pid);
-        }
-        for c in &mut self.restarted {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if std::thread::panicking() || std::env::var("FAILOVER_KEEP").is_ok_and(|v| v == "1") {
-            if let Some(root) = self.root.take() {
-                eprintln!("cluster directory kept: {}", root.keep().display());
-            }
-        }
+        assert!(started.elapsed() < SETTLE_LIMIT, "the cluster did not settle within {SETTLE_LIMIT:?} (logs under {})", c.dir.display());
     }
 }
 
@@ -335,7 +112,11 @@ async fn run() {
     let shards = env_u64("FAILOVER_SHARDS", 16) as u32;
     let writers = env_u64("FAILOVER_WRITERS", 4).max(1) as usize;
     println!("failover bench: 3 nodes, {shards} shards, {rounds} rounds, {writers} writers (one twin each) through the non-leader nodes, {REQUEST_TIMEOUT:?} request timeout");
-    let mut c = Cluster::up(3, shards);
+    let extra: Vec<String> = match std::env::var("FAILOVER_HEARTBEAT_MS") {
+        Ok(hb) => vec!["--raft-heartbeat-ms".into(), hb],
+        Err(_) => Vec::new(),
+    };
+    let mut c = Cluster::up_with(3, shards, &extra);
     eprintln!("cluster up in {}", c.dir.display());
     let ids = c.ids();
 
@@ -352,7 +133,7 @@ async fn run() {
             break;
         }
     }
-    let api1 = c.api(1, Duration::from_secs(30));
+    let api1 = c.api_with_timeout(1, Duration::from_secs(30));
     for id in twins.values().flatten() {
         api1.must_create_device(id).await;
     }
@@ -360,7 +141,7 @@ async fn run() {
 
     let mut results: Vec<Round> = Vec::new();
     for round in 0..rounds {
-        let leaders = c.settle(shards).await;
+        let leaders = settle(&c).await;
         // Rotate the victim over the nodes, and the shard over those the victim leads.
         let want = ids[round % ids.len()];
         let led: Vec<u64> = leaders.iter().filter(|(_, (l, _))| *l == want).map(|(s, _)| *s).collect();
@@ -377,7 +158,7 @@ async fn run() {
         let errors = Arc::new(Mutex::new(0usize));
         let mut tasks = Vec::new();
         for (w, twin) in twins[&shard].iter().enumerate() {
-            let api = c.api(via[w % via.len()], REQUEST_TIMEOUT);
+            let api = c.api_with_timeout(via[w % via.len()], REQUEST_TIMEOUT);
             let (stop, log, errors, twin) = (stop.clone(), log.clone(), errors.clone(), twin.clone());
             tasks.push(tokio::spawn(async move {
                 let mut i: u64 = 0;
@@ -398,10 +179,9 @@ async fn run() {
         if acks_before == 0 {
             eprintln!("round {round}: no write acknowledged during the warm-up");
         }
-        c.kill9(victim);
         let killed = Instant::now();
+        c.kill9(victim);
         let killed_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-        c.wait_gone(victim);
         eprintln!("round {round}: killed node {victim}, leader of shard {shard} (term {}), writing through {via:?}", leaders[&shard].1);
 
         // Until a write sent after the kill is acknowledged (or the limit).
@@ -430,7 +210,7 @@ async fn run() {
         let gap_ms = recovered.and_then(|rec| {
             acked.windows(2).filter(|p| p[1] > killed && p[0] < rec).map(|p| ms(p[1] - p[0])).max_by(f64::total_cmp)
         });
-        let new_leader = c.leaders(&via).await.and_then(|l| l.get(&shard).map(|(n, _)| *n));
+        let new_leader = c.leaders(&via).await.and_then(|l| l.get(&(shard as u32)).map(|(n, _)| *n));
         let r = Round {
             round,
             shard,
@@ -458,7 +238,7 @@ async fn run() {
         c.restart(victim);
         eprintln!("round {round}: restarted node {victim}; waiting for the cluster to settle");
     }
-    c.settle(shards).await;
+    settle(&c).await;
 
     let mut un: Vec<f64> = results.iter().filter_map(|r| r.unavailable_ms).collect();
     let mut gap: Vec<f64> = results.iter().filter_map(|r| r.gap_ms).collect();
@@ -500,6 +280,11 @@ async fn run() {
     match std::fs::write(&out, serde_json::to_vec_pretty(&report).unwrap()) {
         Ok(()) => println!("written {}", out.display()),
         Err(e) => eprintln!("cannot write {}: {e}", out.display()),
+    }
+    if std::env::var("FAILOVER_KEEP").is_ok_and(|v| v == "1") {
+        if let Some(root) = c.root.take() {
+            eprintln!("cluster directory kept: {}", root.keep().display());
+        }
     }
     drop(c);
 }

@@ -86,6 +86,11 @@ pub fn file_tail(path: &std::path::Path, bytes: usize) -> String {
 impl Cluster {
     /// `twinhub cluster up --nodes N --shard-count S` in a fresh temporary directory.
     pub fn up(nodes: u32, shards: u32) -> Cluster {
+        Cluster::up_with(nodes, shards, &[])
+    }
+
+    /// [`Cluster::up`] with more `twinhub cluster up` options (e.g. `--raft-heartbeat-ms 50`).
+    pub fn up_with(nodes: u32, shards: u32, extra: &[String]) -> Cluster {
         let root = tempfile::Builder::new().prefix("twinhub-cluster-").tempdir().expect("create temp dir");
         let dir = root.path().join("cluster");
         // The guard exists before anything starts, so a half-started cluster is stopped too.
@@ -102,7 +107,8 @@ impl Cluster {
         cmd.args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()])
             .arg("--dir")
             .arg(&dir)
-            .args(["--timeout", "180"]);
+            .args(["--timeout", "180"])
+            .args(extra);
         let out = cmd.output().expect("run twinhub cluster up");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -227,6 +233,16 @@ impl Cluster {
         let l = leader?;
         let s = self.shard_status(l, shard).await?;
         (s["is_leader"] == true).then(|| (l, s["term"].as_u64().unwrap_or(0)))
+    }
+
+    /// Every shard's agreed leader and term (see [`Cluster::agreed_leader`]), or `None` while any shard
+    /// has none.
+    pub async fn leaders(&self, live: &[u64]) -> Option<std::collections::BTreeMap<u32, (u64, u64)>> {
+        let mut out = std::collections::BTreeMap::new();
+        for shard in 0..self.shard_count {
+            out.insert(shard, self.agreed_leader(shard, live).await?);
+        }
+        Some(out)
     }
 
     /// The cluster map as node `id` applied it (`members`, `placement`), if it answers.
