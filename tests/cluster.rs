@@ -110,10 +110,7 @@ async fn writes_through_every_http_front_door_land_on_the_owner() {
 // MQTT front door
 
 fn device_token(device: &str, key: &str) -> String {
-    let expiry = unix_now() + 3600;
-    let sr = py_quote(&format!("localhost/devices/{device}"), "");
-    let sig = sign(key, &format!("{sr}\n{expiry}"));
-    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry}", py_quote(&sig, ""))
+    common::device_token("localhost", device, None, key, unix_now() + 3600)
 }
 
 #[derive(Debug)]

@@ -661,9 +661,7 @@ async fn back_ends_cannot_forge_events() {
 // Connection state: device connections over MQTT
 
 fn device_token(host: &str, device: &str, key: &str, expiry: u64) -> String {
-    let sr = py_quote(&format!("{host}/devices/{device}"), "");
-    let sig = sign(key, &format!("{sr}\n{expiry}"));
-    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry}", py_quote(&sig, ""))
+    common::device_token(host, device, None, key, expiry)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

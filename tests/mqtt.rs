@@ -59,16 +59,6 @@ impl Ident {
     }
 }
 
-fn device_token(host: &str, device: &str, module: Option<&str>, key: &str, expiry: u64) -> String {
-    let resource = match module {
-        Some(m) => format!("{host}/devices/{device}/modules/{m}"),
-        None => format!("{host}/devices/{device}"),
-    };
-    let sr = py_quote(&resource, "");
-    let sig = sign(key, &format!("{sr}\n{expiry}"));
-    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry}", py_quote(&sig, ""))
-}
-
 fn primary_key(doc: &Value) -> String {
     doc.pointer("/authentication/symmetricKey/primaryKey")
         .and_then(Value::as_str)

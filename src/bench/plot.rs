@@ -99,3 +99,37 @@ pub fn write_svg(path: &Path, title: &str, runs: &[Run<'_>]) -> anyhow::Result<(
     root.present().map_err(|e| err(&e))?;
     Ok(())
 }
+
+/// Writes `path` with one line per `(label, points)`: a plain x/y chart (e.g. resident memory against
+/// the number of twins loaded).
+pub fn write_xy_svg(path: &Path, title: &str, x_desc: &str, y_desc: &str, lines: &[(String, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot {}: {e}", path.display());
+    let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(|e| err(&e))?;
+    let points = || lines.iter().flat_map(|(_, p)| p.iter());
+    let x_max = points().map(|p| p.0).fold(1.0f64, f64::max);
+    let y_max = points().map(|p| p.1).fold(1.0f64, f64::max) * 1.1;
+    let mut c = ChartBuilder::on(&root)
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(|e| err(&e))?;
+    c.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| err(&e))?;
+    for (i, (label, pts)) in lines.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        c.draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    }
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

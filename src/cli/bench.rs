@@ -202,7 +202,8 @@ pub enum BenchCommand {
         #[arg(long)]
         svg: Option<PathBuf>,
     },
-    /// Scenarios (e) and (f): resident bytes per twin with N twins, then a node's restart time.
+    /// Scenarios (e) and (f): resident bytes per twin with N twins, then a node's restart time;
+    /// writes JSON and an SVG of each node's RSS against the twins loaded (OUT with .svg).
     Memory {
         #[arg(long)]
         bin: Option<PathBuf>,

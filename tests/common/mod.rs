@@ -457,6 +457,19 @@ pub fn service_sas(host_name: &str, policy: &str, key_b64: &str, expiry_unix: u6
     )
 }
 
+/// A device or module token as the device SDKs build it: `sr = quote({host}/devices/{id}[/modules/{mid}])`,
+/// no `skn`. Written here from the spec, not with twinhub's own signer, so the tests check the server
+/// against an independent implementation.
+pub fn device_token(host: &str, device: &str, module: Option<&str>, key: &str, expiry: u64) -> String {
+    let resource = match module {
+        Some(m) => format!("{host}/devices/{device}/modules/{m}"),
+        None => format!("{host}/devices/{device}"),
+    };
+    let sr = py_quote(&resource, "");
+    let sig = sign(key, &format!("{sr}\n{expiry}"));
+    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry}", py_quote(&sig, ""))
+}
+
 // ---------------------------------------------------------------------------------------------------
 // REST client
 

@@ -66,7 +66,25 @@ pub async fn run(o: MemoryOpts) -> anyhow::Result<Value> {
     cluster.down();
     let v = r?;
     write_json(&o.out, &v)?;
+    let svg = o.out.with_extension("svg");
+    crate::bench::plot::write_xy_svg(&svg, "(e) resident memory per node while loading twins", "twins (each node holds all)", "RSS MB", &rss_lines(&v))?;
+    eprintln!("wrote {}", svg.display());
     Ok(v)
+}
+
+/// Per node: (twins, RSS MB) points of the load curve in the report.
+fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
+    let curve = report["curve"].as_array().cloned().unwrap_or_default();
+    let nodes = curve.first().and_then(|p| p["rss_mb"].as_array()).map(|a| a.len()).unwrap_or(0);
+    (0..nodes)
+        .map(|i| {
+            let pts = curve
+                .iter()
+                .filter_map(|p| Some((p["twins"].as_f64()?, p["rss_mb"].as_array()?.get(i)?.as_f64()?)))
+                .collect();
+            (format!("node {}", i + 1), pts)
+        })
+        .collect()
 }
 
 async fn run_on(o: &MemoryOpts, cluster: &mut crate::bench::peers::twinhub::TwinhubCluster) -> anyhow::Result<Value> {
