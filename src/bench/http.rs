@@ -15,6 +15,18 @@ use tokio::net::TcpStream;
 
 use crate::bench::targets::OpError;
 
+/// An HTTP/1.1 handshake on `io` (TLS or plain), its connection driven by a task of its own.
+async fn handshake<T>(io: T) -> Result<SendRequest<Full<Bytes>>, OpError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| OpError::new("connect", e))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
 /// How long one request (including dialling) may take before it counts as a timeout error.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -55,22 +67,10 @@ impl HttpConn {
                     .connect(tls.server_name.clone(), tcp)
                     .await
                     .map_err(|e| OpError::new("tls", e))?;
-                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                    .await
-                    .map_err(|e| OpError::new("connect", e))?;
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-                Ok(sender)
+                handshake(stream).await
             }
             None => {
-                let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                    .await
-                    .map_err(|e| OpError::new("connect", e))?;
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-                Ok(sender)
+                handshake(tcp).await
             }
         }
     }

@@ -71,13 +71,7 @@ impl EtcdCluster {
     }
 
     pub fn stop(&mut self) {
-        for c in &mut self.children {
-            procs::stop_child(c, Duration::from_secs(15));
-        }
-        if !self.children.is_empty() {
-            eprintln!("etcd cluster stopped");
-        }
-        self.children.clear();
+        super::stop_all(&mut self.children, "etcd");
     }
 }
 

@@ -39,3 +39,14 @@ pub fn log_tail(path: &std::path::Path, n: usize) -> String {
     let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
     s[start..].to_string()
 }
+
+/// Stops a peer's member processes (SIGTERM, then SIGKILL after 15 s) and forgets them.
+pub fn stop_all(children: &mut Vec<std::process::Child>, name: &str) {
+    for c in children.iter_mut() {
+        crate::bench::procs::stop_child(c, Duration::from_secs(15));
+    }
+    if !children.is_empty() {
+        eprintln!("{name} cluster stopped");
+    }
+    children.clear();
+}

@@ -181,13 +181,7 @@ impl NatsCluster {
     }
 
     pub fn stop(&mut self) {
-        for c in &mut self.children {
-            procs::stop_child(c, Duration::from_secs(15));
-        }
-        if !self.children.is_empty() {
-            eprintln!("nats cluster stopped");
-        }
-        self.children.clear();
+        super::stop_all(&mut self.children, "nats");
     }
 }
 
