@@ -83,8 +83,9 @@ impl Node {
     /// listener is accepting.
     pub async fn start(config: Config) -> Result<Node, NodeError> {
         let dir = config.data_dir.clone();
-        std::fs::create_dir_all(&dir)
+        crate::secrets::private_data_dir(&dir)
             .map_err(|source| NodeError::DataDir { path: dir.display().to_string(), source })?;
+        let gates = crate::net::Gates::new(&config.net);
         let policies = Arc::new(Policies::load_or_create(&dir, config.owner_key.as_deref())?);
         let source = CertSource::from_options(config.tls_cert.clone(), config.tls_key.clone(), &dir, &config.hostname)?;
         let tls = crate::tls::server_config(&source)?;
@@ -147,7 +148,7 @@ impl Node {
         });
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
-        let http = tokio::spawn(crate::http::serve(listener, tls, app, stop.clone().cancelled_owned()));
+        let http = tokio::spawn(crate::http::serve(listener, tls, app, gates.https.clone(), gates.limits.clone(), stop.clone().cancelled_owned()));
         let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone());
         let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(plain_tls.clone()), stop.clone()))];
         if let Some((l, _)) = mqtt_plain {

@@ -16,6 +16,9 @@ pub enum Permission {
     RegistryWrite,
     ServiceConnect,
     DeviceConnect,
+    /// Changing cluster membership (adding a node at an address, draining one): whoever holds it can
+    /// have shard data replicated to a machine of their choosing, so only the owner policy has it.
+    ClusterAdmin,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,7 +66,7 @@ impl Policies {
         };
         Policies {
             policies: vec![
-                p(OWNER, vec![RegistryRead, RegistryWrite, ServiceConnect, DeviceConnect]),
+                p(OWNER, vec![RegistryRead, RegistryWrite, ServiceConnect, DeviceConnect, ClusterAdmin]),
                 p("service", vec![ServiceConnect]),
                 p("registryRead", vec![RegistryRead]),
                 p("registryReadWrite", vec![RegistryRead, RegistryWrite]),
@@ -87,6 +90,12 @@ impl Policies {
             }
             if let Some(owner) = policies.policies.iter_mut().find(|p| p.name == OWNER) {
                 owner.primary_key = key.trim().to_string();
+            }
+        }
+        // Policies files written before ClusterAdmin existed: the owner gets it, nobody else.
+        if let Some(owner) = policies.policies.iter_mut().find(|p| p.name == OWNER) {
+            if !owner.permissions.contains(&Permission::ClusterAdmin) {
+                owner.permissions.push(Permission::ClusterAdmin);
             }
         }
         let text = serde_json::to_vec_pretty(&policies).map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?;
@@ -125,30 +134,66 @@ impl Policies {
         }
         Ok(policy)
     }
+
+    /// Checks only that the header is a valid, unexpired token of one of this hub's policies (any
+    /// resource of this hub, any permission). The HTTPS front door runs this before it reads a
+    /// request body, so strangers cannot make it buffer anything; the route then checks resource and
+    /// permission with [`Policies::authorize`].
+    pub fn verify_credential(&self, header: Option<&str>, host: &str, now_secs: i64) -> Result<&Policy, AuthError> {
+        let token = SasToken::parse(header.ok_or(AuthError::Missing)?)?;
+        let skn = token.skn.as_deref().ok_or_else(|| AuthError::Malformed("missing 'skn' (policy name)".into()))?;
+        let policy = self.get(skn).ok_or_else(|| AuthError::UnknownPolicy(skn.to_string()))?;
+        if path_below_host(&token.resource, host).is_none() {
+            return Err(AuthError::WrongResource(token.resource.clone()));
+        }
+        token.check(&[&policy.primary_key, &policy.secondary_key], now_secs)?;
+        Ok(policy)
+    }
 }
 
-/// The token resource, case-insensitively and without trailing `/`, must be the hub host (with or
-/// without port) or a path prefix of the requested resource below it.
+/// The token resource, without trailing `/`, must be the hub host (with or without port; host names
+/// compare case-insensitively) or a path prefix of the requested resource below it. The path compares
+/// exactly: device ids are case-sensitive, so a token for `devices/a` must not open `devices/A`.
 fn resource_covers(resource: &str, host: &str, request_resource: &str) -> bool {
-    let res = resource.trim_end_matches('/').to_ascii_lowercase();
-    let host = host.to_ascii_lowercase();
-    let bare = host.split(':').next().unwrap_or(&host).to_string();
-    let path = request_resource.trim_start_matches('/').to_ascii_lowercase();
-    [host, bare].iter().any(|h| {
-        let full = if path.is_empty() { h.clone() } else { format!("{h}/{path}") };
-        res == *h || (full.starts_with(&res) && full[res.len()..].starts_with('/')) || res == full
-    })
+    let Some(token_path) = path_below_host(resource, host) else { return false };
+    let path = request_resource.trim_start_matches('/');
+    token_path.is_empty()
+        || token_path == path
+        || (path.starts_with(token_path) && path[token_path.len()..].starts_with('/'))
 }
 
-/// Write to a temp file, fsync, rename: a crash leaves either the old or the new file.
+/// The path part of a token resource (`host[:port][/path]`, trailing `/` ignored), if its host part is
+/// this hub's host (with or without port, case-insensitively).
+fn path_below_host<'a>(resource: &'a str, host: &str) -> Option<&'a str> {
+    let resource = resource.trim_end_matches('/');
+    let (res_host, res_path) = resource.split_once('/').unwrap_or((resource, ""));
+    let bare = host.split(':').next().unwrap_or(host);
+    (res_host.eq_ignore_ascii_case(host) || res_host.eq_ignore_ascii_case(bare)).then_some(res_path)
+}
+
+/// Write to a temp file, fsync, rename: a crash leaves either the old or the new file. The file is
+/// created `0600` and a missing parent `0700`: what is written this way (policy keys, TLS keys, the
+/// listen addresses) is for the node's own user.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+        if !parent.as_os_str().is_empty() && !parent.exists() {
+            crate::secrets::create_private_dir(parent)?;
+        }
     }
     let tmp = path.with_extension("tmp");
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        let mut f = opts.open(&tmp)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // A temp file left by an earlier crash keeps its old mode through `open`: tighten it.
+            f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
         f.write_all(bytes)?;
         f.sync_all()?;
     }
@@ -194,6 +239,36 @@ mod tests {
         assert_eq!(p.authorize(Some(&unknown), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::UnknownPolicy("nobody".into()));
         assert_eq!(p.authorize(None, "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::Missing);
         assert_eq!(p.authorize(Some(&h), "localhost:8443", "", Permission::ServiceConnect, se + 1).unwrap_err(), AuthError::Expired(se));
+    }
+
+    #[test]
+    fn paths_are_case_sensitive_hosts_are_not() {
+        assert!(resource_covers("LOCALHOST:8443/devices/a", "localhost:8443", "devices/a"));
+        assert!(!resource_covers("localhost/devices/a", "localhost", "devices/A"));
+        assert!(!resource_covers("localhost/Devices", "localhost", "devices/d1"));
+        // A device named "query" is not the query endpoint's collection.
+        assert!(!resource_covers("localhost/devices/query", "localhost", "devices"));
+    }
+
+    #[test]
+    fn credential_check_needs_a_policy_token_of_this_hub() {
+        let p = Policies::generate();
+        let owner = p.get(OWNER).unwrap().clone();
+        let se = 2_000_000_000;
+        let scoped = token(OWNER, &owner.primary_key, "localhost/devices/d1", se);
+        assert!(p.verify_credential(Some(&scoped), "localhost:8443", 0).is_ok());
+        let other_hub = token(OWNER, &owner.primary_key, "elsewhere", se);
+        assert!(matches!(p.verify_credential(Some(&other_hub), "localhost:8443", 0), Err(AuthError::WrongResource(_))));
+        let forged = token(OWNER, &generate_key(), "localhost", se);
+        assert_eq!(p.verify_credential(Some(&forged), "localhost", 0).unwrap_err(), AuthError::BadSignature);
+        assert_eq!(p.verify_credential(None, "localhost", 0).unwrap_err(), AuthError::Missing);
+    }
+
+    #[test]
+    fn only_the_owner_may_change_membership() {
+        let p = Policies::generate();
+        let with: Vec<_> = p.policies.iter().filter(|x| x.permissions.contains(&Permission::ClusterAdmin)).map(|x| x.name.as_str()).collect();
+        assert_eq!(with, [OWNER]);
     }
 
     #[test]

@@ -73,6 +73,43 @@ pub struct ServeArgs {
     /// writes by the replication delay; linearizable reads are the default)
     #[arg(long)]
     pub follower_reads: bool,
+    /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
+    /// read in the process list)
+    #[arg(long)]
+    pub owner_key_file: Option<PathBuf>,
+    /// File holding the cluster secret (instead of --cluster-secret, visible in the process list)
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Connections the HTTPS listener holds at once [default: a share of RLIMIT_NOFILE, at most 4096]
+    #[arg(long)]
+    pub max_connections_https: Option<usize>,
+    /// Connections the device MQTT listeners (TLS and plain together) hold at once [default: what
+    /// RLIMIT_NOFILE leaves after the other listeners and a reserve]
+    #[arg(long)]
+    pub max_connections_mqtt: Option<usize>,
+    /// Connections the event broker holds at once [default: a share of RLIMIT_NOFILE, at most 1024]
+    #[arg(long)]
+    pub max_connections_events: Option<usize>,
+    /// Connections the inter-node listener holds at once [default: a share of RLIMIT_NOFILE, at most 256]
+    #[arg(long)]
+    pub max_connections_cluster: Option<usize>,
+    /// Connections one source address (IPv6: one /64) may hold on the HTTPS, event-broker and
+    /// inter-node listeners; device MQTT has no such bound (fleets share NAT addresses) [default: 256]
+    #[arg(long)]
+    pub max_connections_per_source: Option<usize>,
+    /// Connections not yet authenticated that each listener holds at once [default: 1024]
+    #[arg(long)]
+    pub max_unauthenticated: Option<usize>,
+    /// Connections not yet authenticated from one source address, per listener [default: 64]
+    #[arg(long)]
+    pub max_unauthenticated_per_source: Option<usize>,
+    /// Seconds a new connection has for its TLS handshake, and again for its first request head or
+    /// MQTT CONNECT [default: 10]
+    #[arg(long)]
+    pub handshake_timeout_secs: Option<u64>,
+    /// Seconds an HTTPS connection may stay idle between requests [default: 120]
+    #[arg(long)]
+    pub idle_timeout_secs: Option<u64>,
     /// TOML file with any of the options above (keys with underscores)
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -101,6 +138,17 @@ pub struct FileConfig {
     pub join: Option<String>,
     pub raft_heartbeat_ms: Option<u64>,
     pub follower_reads: Option<bool>,
+    pub owner_key_file: Option<PathBuf>,
+    pub cluster_secret_file: Option<PathBuf>,
+    pub max_connections_https: Option<usize>,
+    pub max_connections_mqtt: Option<usize>,
+    pub max_connections_events: Option<usize>,
+    pub max_connections_cluster: Option<usize>,
+    pub max_connections_per_source: Option<usize>,
+    pub max_unauthenticated: Option<usize>,
+    pub max_unauthenticated_per_source: Option<usize>,
+    pub handshake_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
 }
 
 /// How this node takes part in a cluster (`None` in [`Config::cluster`]: a single-node hub).
@@ -135,6 +183,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     pub raft_heartbeat_ms: u64,
     pub follower_reads: bool,
+    /// Connection bounds and timeouts of every listener.
+    pub net: crate::net::NetLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,6 +195,10 @@ pub enum ConfigError {
     Toml { path: String, source: toml::de::Error },
     #[error("{option}: '{value}' is not a valid {expected}")]
     Invalid { option: &'static str, value: String, expected: &'static str },
+    #[error("{option}: reading {path}: {source}")]
+    SecretFile { option: &'static str, path: String, source: std::io::Error },
+    #[error("{option} and {other} are both given; use one")]
+    Conflict { option: &'static str, other: &'static str },
 }
 
 impl Config {
@@ -204,7 +258,14 @@ impl Config {
                     .or_else(|| env("TWINHUB_CLUSTER_ADVERTISE"))
                     .or(file.cluster_advertise)
                     .unwrap_or_else(|| listen.to_string());
-                let secret = args.cluster_secret.or_else(|| env("TWINHUB_CLUSTER_SECRET")).or(file.cluster_secret).unwrap_or_default();
+                let secret_file = path(args.cluster_secret_file.clone(), "TWINHUB_CLUSTER_SECRET_FILE", file.cluster_secret_file.clone());
+                let secret_inline = args.cluster_secret.clone().or_else(|| env("TWINHUB_CLUSTER_SECRET")).or(file.cluster_secret.clone());
+                let secret = match (secret_inline, secret_file) {
+                    (Some(_), Some(_)) => return Err(ConfigError::Conflict { option: "cluster-secret", other: "cluster-secret-file" }),
+                    (Some(s), None) => s,
+                    (None, Some(p)) => read_secret("cluster-secret-file", &p)?,
+                    (None, None) => String::new(),
+                };
                 if secret.len() < 16 {
                     return Err(ConfigError::Invalid { option: "cluster-secret", value: "(hidden)".into(), expected: "secret of at least 16 characters (required with --cluster-listen)" });
                 }
@@ -231,6 +292,44 @@ impl Config {
         if !(10..=10_000).contains(&raft_heartbeat_ms) {
             return Err(ConfigError::Invalid { option: "raft-heartbeat-ms", value: raft_heartbeat_ms.to_string(), expected: "interval in milliseconds (10..=10000)" });
         }
+        let owner_key_inline = args.owner_key.clone().or_else(|| env("TWINHUB_OWNER_KEY")).or(file.owner_key.clone());
+        let owner_key_file = path(args.owner_key_file.clone(), "TWINHUB_OWNER_KEY_FILE", file.owner_key_file.clone());
+        let owner_key = match (owner_key_inline, owner_key_file) {
+            (Some(_), Some(_)) => return Err(ConfigError::Conflict { option: "owner-key", other: "owner-key-file" }),
+            (Some(k), None) => Some(k),
+            (None, Some(p)) => Some(read_secret("owner-key-file", &p)?),
+            (None, None) => None,
+        };
+        let count = |flag: Option<usize>, var: &'static str, f: Option<usize>| -> Result<Option<usize>, ConfigError> {
+            match flag {
+                Some(n) => Ok(Some(n)),
+                None => Ok(env(var).map(|v| parse_u(var, v)).transpose()?.map(|n| n as usize).or(f)),
+            }
+        };
+        let caps = crate::net::fds::CapOverrides {
+            https: count(args.max_connections_https, "TWINHUB_MAX_CONNECTIONS_HTTPS", file.max_connections_https)?,
+            mqtt: count(args.max_connections_mqtt, "TWINHUB_MAX_CONNECTIONS_MQTT", file.max_connections_mqtt)?,
+            events: count(args.max_connections_events, "TWINHUB_MAX_CONNECTIONS_EVENTS", file.max_connections_events)?,
+            cluster: count(args.max_connections_cluster, "TWINHUB_MAX_CONNECTIONS_CLUSTER", file.max_connections_cluster)?,
+        };
+        let secs = |flag: Option<u64>, var: &'static str, f: Option<u64>, default: u64| -> Result<std::time::Duration, ConfigError> {
+            let n = match flag {
+                Some(n) => n,
+                None => env(var).map(|v| parse_u(var, v)).transpose()?.or(f).unwrap_or(default),
+            };
+            if n == 0 || n > 86_400 {
+                return Err(ConfigError::Invalid { option: var, value: n.to_string(), expected: "number of seconds (1..=86400)" });
+            }
+            Ok(std::time::Duration::from_secs(n))
+        };
+        let net = crate::net::NetLimits {
+            caps,
+            max_per_source: count(args.max_connections_per_source, "TWINHUB_MAX_CONNECTIONS_PER_SOURCE", file.max_connections_per_source)?.unwrap_or(256),
+            max_unauthenticated: count(args.max_unauthenticated, "TWINHUB_MAX_UNAUTHENTICATED", file.max_unauthenticated)?.unwrap_or(1024).max(1),
+            max_unauthenticated_per_source: count(args.max_unauthenticated_per_source, "TWINHUB_MAX_UNAUTHENTICATED_PER_SOURCE", file.max_unauthenticated_per_source)?.unwrap_or(64),
+            handshake_timeout: secs(args.handshake_timeout_secs, "TWINHUB_HANDSHAKE_TIMEOUT_SECS", file.handshake_timeout_secs, 10)?,
+            idle_timeout: secs(args.idle_timeout_secs, "TWINHUB_IDLE_TIMEOUT_SECS", file.idle_timeout_secs, 120)?,
+        };
         let follower_reads = args.follower_reads
             || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
             || file.follower_reads.unwrap_or(false);
@@ -245,7 +344,8 @@ impl Config {
             mqtt_plain_listen: mqtt_plain.map(|v| addr("mqtt-plain-listen", v)).transpose()?,
             events_listen: addr("events-listen", events)?,
             hostname,
-            owner_key: args.owner_key.or_else(|| env("TWINHUB_OWNER_KEY")).or(file.owner_key),
+            owner_key,
+            net,
             shard_count,
             tls_cert: path(args.tls_cert, "TWINHUB_TLS_CERT", file.tls_cert),
             tls_key: path(args.tls_key, "TWINHUB_TLS_KEY", file.tls_key),
@@ -267,6 +367,25 @@ pub fn parse_peers(text: &str) -> Result<std::collections::BTreeMap<u64, String>
         }
     }
     Ok(peers)
+}
+
+/// A secret kept in a file: its content without surrounding whitespace. A file that other users can
+/// read is used, with a warning (the secret is already exposed; refusing would not take it back).
+fn read_secret(option: &'static str, path: &Path) -> Result<String, ConfigError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile { option, path: shown.clone(), source })?;
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(path = %shown, "{option}: the file is readable by other users; chmod 600 it");
+        }
+    }
+    let secret = text.trim().to_string();
+    if secret.is_empty() {
+        return Err(ConfigError::Invalid { option, value: shown, expected: "file holding a non-empty secret" });
+    }
+    Ok(secret)
 }
 
 fn addr(option: &'static str, value: String) -> Result<SocketAddr, ConfigError> {

@@ -109,13 +109,14 @@ struct NewMember {
 /// `POST /cluster/members` `{"id", "addr"}`: adds a started node to the cluster map. Replicas and
 /// leaderships then rebalance onto it in the background (each shard's leader adds it as a learner,
 /// promotes it once caught up, then drops the replica it replaces); `/cluster/status` shows progress.
-/// Needs RegistryWrite (an operator policy).
+/// Needs ClusterAdmin (the owner policy): a member receives shard data, so adding one is not a
+/// registry operation.
 async fn add_member(
     axum::extract::State(state): axum::extract::State<Shared>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    state.authorize(&headers, "cluster/members", Permission::RegistryWrite)?;
+    state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;
     let m: NewMember = serde_json::from_slice(&body)
         .map_err(|e| ApiError::BadRequest(format!("body must be {{\"id\": <node id>, \"addr\": \"host:port\"}}: {e}")))?;
     if m.id == 0 || !m.addr.contains(':') {
@@ -134,10 +135,48 @@ async fn remove_member(
     axum::extract::Path(node): axum::extract::Path<u64>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    state.authorize(&headers, "cluster/members", Permission::RegistryWrite)?;
+    state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;
     let twins = state.twins()?;
     twins.shards.propose(crate::cluster::map::ClusterOp::RemoveNode { id: node }).await?;
     Ok(ok_json(&serde_json::json!({"node": node, "draining": true})))
+}
+
+/// Paths served without a credential: load-balancer probes and the Prometheus scrape. None of them
+/// reads a body or takes a label from the request.
+const OPEN_PATHS: [&str; 3] = ["/health", "/ready", "/metrics"];
+
+/// Longest wait for the next chunk of a request body.
+const BODY_CHUNK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs before every routed handler, so before any body is read: a request without a valid policy
+/// token of this hub is answered 401 at once (with `Connection: close`), and its body is never
+/// buffered. The first request with a valid token marks its connection authenticated (see
+/// `serve.rs`). The handler still checks resource and permission.
+async fn auth_first(
+    axum::extract::State(state): axum::extract::State<Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let conn = req.extensions().get::<Arc<serve::ConnState>>().cloned();
+    let _in_flight = conn.as_ref().map(|c| c.request());
+    if OPEN_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let header = req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
+    let now = crate::model::now_ms() / 1000;
+    match state.policies.verify_credential(header, &state.host, now) {
+        Ok(_) => {
+            if let Some(c) = &conn {
+                c.authenticated();
+            }
+            next.run(req).await
+        }
+        Err(e) => {
+            let mut resp = ApiError::from(e).into_response();
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp
+        }
+    }
 }
 
 pub fn router(state: Shared) -> Router {
@@ -175,7 +214,9 @@ pub fn router(state: Shared) -> Router {
         .route("/metrics", get(metrics::metrics_route))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth_first))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_CHUNK_TIMEOUT))
         .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }

@@ -32,7 +32,8 @@ pub async fn query_devices(
     headers: HeaderMap,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    st.authorize(&headers, "devices/query", Permission::RegistryRead)?;
+    // The resource is the `devices` collection: a token scoped to a device named "query" does not cover it.
+    st.authorize(&headers, "devices", Permission::RegistryRead)?;
     let doc = body::json(raw, "QuerySpecification")?;
     let text = match doc.get("query") {
         Some(Value::String(q)) => q.clone(),

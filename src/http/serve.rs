@@ -1,28 +1,182 @@
 //! HTTPS serving: a TLS accept loop over an already-bound listener (tests bind port 0) with graceful
 //! shutdown: stop accepting, then let open connections finish their requests (bounded wait).
+//!
+//! # What a stranger can make this hold
+//! Every accepted socket first takes a slot from the listener's [`ConnGate`] (refused at once when the
+//! listener, or its source, holds its maximum). Until one of its requests carries a valid credential
+//! (see [`super::auth_first`]) the connection counts as unauthenticated: it has `handshake_timeout` for
+//! the TLS handshake, and then may sit with no request in flight for at most `handshake_timeout`
+//! again. A request's head must arrive within `handshake_timeout` (hyper's header-read timer). An
+//! authenticated connection may idle `idle_timeout` between requests. Request bodies are read only
+//! after the credential check, at most [`super::BODY_LIMIT`] bytes, and each chunk must come within
+//! `handshake_timeout`.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-/// A client that does not finish its TLS handshake in this time is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::net::{ConnGate, ConnPermit, NetLimits};
+
 /// How long shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest request head (request line and headers) hyper buffers for HTTP/1.1.
+const MAX_HEAD: usize = 64 * 1024;
+/// HTTP/2 limits: concurrent streams per connection and the size of a header list.
+const H2_MAX_STREAMS: u32 = 128;
+const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 
-pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, app: Router, shutdown: impl Future<Output = ()>) {
+/// What a connection's requests share with its watchdog: the gate slot (marked authenticated by the
+/// first request with a valid credential), requests in flight and the time of the last I/O.
+pub struct ConnState {
+    permit: Mutex<ConnPermit>,
+    in_flight: AtomicUsize,
+    /// Milliseconds since `born` of the last byte read or written.
+    last_io_ms: AtomicU64,
+    born: Instant,
+}
+
+impl ConnState {
+    fn new(permit: ConnPermit) -> Arc<ConnState> {
+        Arc::new(ConnState {
+            permit: Mutex::new(permit),
+            in_flight: AtomicUsize::new(0),
+            last_io_ms: AtomicU64::new(0),
+            born: Instant::now(),
+        })
+    }
+
+    /// A request on this connection carried a valid credential.
+    pub fn authenticated(&self) {
+        self.permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+    }
+
+    fn is_authenticated(&self) -> bool {
+        self.permit.lock().unwrap_or_else(|p| p.into_inner()).is_authenticated()
+    }
+
+    fn touch(&self) {
+        self.last_io_ms.store(self.born.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let last = Duration::from_millis(self.last_io_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(last)
+    }
+
+    /// Marks a request in flight until the guard is dropped (the response head is produced).
+    pub fn request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// One request in flight on a connection (see [`ConnState::request`]).
+pub struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The transport with every successful read and write recorded as activity.
+struct Watched<S> {
+    inner: S,
+    state: Arc<ConnState>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.state.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.state.touch();
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Resolves when the connection has been idle (no request in flight, no I/O) for longer than it may:
+/// `unauthenticated` until a request proved a credential, `authenticated` after.
+async fn idle_watchdog(state: Arc<ConnState>, unauthenticated: Duration, authenticated: Duration) {
+    loop {
+        let allowed = if state.is_authenticated() { authenticated } else { unauthenticated };
+        let idle = state.idle_for();
+        if state.in_flight.load(Ordering::Relaxed) == 0 && idle >= allowed {
+            return;
+        }
+        let wait = allowed.saturating_sub(idle).max(Duration::from_millis(200));
+        tokio::time::sleep(wait).await;
+    }
+}
+
+fn builder() -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).max_buf_size(MAX_HEAD);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(H2_MAX_HEADER_LIST);
+    builder
+}
+
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    app: Router,
+    gate: Arc<ConnGate>,
+    limits: NetLimits,
+    shutdown: impl Future<Output = ()>,
+) {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = builder();
+    builder.http1().header_read_timeout(limits.handshake_timeout);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -37,13 +191,17 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, app: Router, s
             },
             () = &mut shutdown => break,
         };
+        // Refused connections are closed at once, before any handshake work.
+        let Ok(permit) = gate.admit(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
+        let state = ConnState::new(permit);
+        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(state.clone())));
         let builder = builder.clone();
         let watcher = graceful.watcher();
+        let limits = limits.clone();
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let stream = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, "TLS handshake failed: {e}");
@@ -54,9 +212,15 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, app: Router, s
                     return;
                 }
             };
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(e) = watcher.watch(conn).await {
-                tracing::debug!(%peer, "connection ended: {e}");
+            state.touch();
+            let io = TokioIo::new(Watched { inner: stream, state: state.clone() });
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            let watchdog = idle_watchdog(state, limits.handshake_timeout, limits.idle_timeout);
+            tokio::select! {
+                r = watcher.watch(conn.into_owned()) => if let Err(e) = r {
+                    tracing::debug!(%peer, "connection ended: {e}");
+                },
+                () = watchdog => tracing::debug!(%peer, "idle connection closed"),
             }
         });
     }

@@ -113,12 +113,32 @@ async fn oversized_body_is_413() {
 
 #[tokio::test]
 async fn unknown_route_and_method() {
-    let (app, _) = app();
+    let (app, policies) = app();
     let (s, b, _) = call(app.clone(), "GET", "/nope", None, "").await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     assert_eq!(code(&b), "ErrorCode:NotFound");
-    let (s, _, _) = call(app, "POST", "/twins/d1", None, "").await;
+    let (s, _, _) = call(app.clone(), "POST", "/twins/d1", Some(token(&policies, "service")), "").await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+    // Without a credential nothing about the route is told.
+    let (s, _, _) = call(app, "POST", "/twins/d1", None, "").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn no_body_is_read_before_the_credential() {
+    let (app, _) = app();
+    // A body that never ends: answered 401 without waiting for it.
+    let (_tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(1);
+    let body = Body::from_stream(tokio_stream_of(rx));
+    let req = Request::builder().method("PATCH").uri("/twins/d1").body(body).unwrap();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), app.oneshot(req)).await.expect("answered without the body").unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(resp.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
+}
+
+/// A stream over an mpsc receiver (no extra dependency for one test).
+fn tokio_stream_of<T: Send + 'static>(mut rx: tokio::sync::mpsc::Receiver<T>) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 #[tokio::test]
