@@ -184,7 +184,7 @@ async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<String>,
 
 /// (succeeded, failed) device rows of a job, counted on every shard.
 async fn outcome_counts(twins: &Twins, job_id: &str) -> Result<(u64, u64), ShardError> {
-    let text = format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = '{job_id}' GROUP BY status");
+    let text = format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = {} GROUP BY status", query::quote(job_id));
     let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
     let Some(mut total) = q.partial() else { return Ok((0, 0)) };
     for shard in 0..twins.shards.shard_count() {

@@ -212,7 +212,7 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
             )));
         }
     }
-    std::fs::create_dir_all(&a.dir).map_err(io(format!("creating {}", a.dir.display())))?;
+    crate::secrets::create_private_dir(&a.dir).map_err(io(format!("creating {}", a.dir.display())))?;
     let dir = a.dir.canonicalize().map_err(io(format!("resolving {}", a.dir.display())))?;
     let bin = match a.bin {
         Some(b) => b,
@@ -222,7 +222,7 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
 
     // What every node shares.
     let shared = dir.join("shared");
-    std::fs::create_dir_all(&shared).map_err(io(format!("creating {}", shared.display())))?;
+    crate::secrets::create_private_dir(&shared).map_err(io(format!("creating {}", shared.display())))?;
     let certs = crate::tls::ensure_dev_certs(&shared.join("tls"), &hostname)?;
     let policies = Policies::load_or_create(&shared, None)?;
     let owner_key = policies.owner_key().to_string();
@@ -291,7 +291,7 @@ fn prepare_node(
 ) -> Result<NodeEntry, LauncherError> {
     let node_dir = dir.join(format!("node-{id}"));
     let data_dir = node_dir.join("data");
-    std::fs::create_dir_all(&data_dir).map_err(io(format!("creating {}", data_dir.display())))?;
+    crate::secrets::create_private_dir(&data_dir).map_err(io(format!("creating {}", data_dir.display())))?;
     if !data_dir.join("policies.json").exists() {
         write_atomically(&data_dir.join("policies.json"), policies_json).map_err(io("writing policies.json"))?;
     }

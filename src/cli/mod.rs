@@ -46,7 +46,11 @@ pub fn main() -> ExitCode {
         .init();
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Cluster(c) => cluster::run(c),
+        Command::Cluster(c) => {
+            // The launcher writes the owner key, the cluster secret and the CA key: private to this user.
+            crate::secrets::restrict_umask();
+            cluster::run(c)
+        }
         Command::Chaos(a) => chaos::main(a),
         Command::Bench(b) => bench::main(b),
     }

@@ -310,12 +310,34 @@ impl Lexer<'_> {
     }
 }
 
+/// `s` as a single-quoted string literal of the query language: backslashes and quotes escaped, so
+/// any text (ids may contain `'`) reads back as exactly itself and never as query syntax.
+pub fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('\'');
+    for c in s.chars() {
+        if c == '\\' || c == '\'' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('\'');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn toks(s: &str) -> Vec<Tok> {
         lex(s).unwrap().into_iter().map(|t| t.tok).collect()
+    }
+
+    #[test]
+    fn quoted_text_reads_back_as_itself() {
+        for s in ["job1", "o'brien", "x' OR 1=1 OR jobId = 'y", "back\\slash\\", "", "\"dq\""] {
+            assert_eq!(toks(&quote(s)), vec![Tok::Str(s.to_string()), Tok::Eof], "{s}");
+        }
     }
 
     #[test]

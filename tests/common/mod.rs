@@ -34,6 +34,8 @@ pub struct ServerOpts {
     pub env: Vec<(String, String)>,
     /// The binary to run; default: the `twinhub` binary cargo built for this test or bench.
     pub bin: Option<PathBuf>,
+    /// Soft and hard `RLIMIT_NOFILE` for the child (default: inherited).
+    pub nofile: Option<u64>,
 }
 
 /// A running `twinhub serve` child process on its own temporary data directory.
@@ -152,6 +154,19 @@ impl Server {
             .env("NO_COLOR", "1");
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
+        }
+        if let Some(n) = self.opts.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,0 +1,513 @@
+//! Attacks on the HTTPS front door and the node's secrets, replayed against the real binary: each one
+//! must now be refused or bounded while legitimate clients keep working.
+//!
+//! - random method names without credentials cannot grow `/metrics`;
+//! - half-sent request heads, idle TLS connections and raw TCP sockets are closed after the handshake
+//!   timeout, and one source holds only a few unauthenticated connections;
+//! - uploads without a valid token are answered 401 before their bodies are read;
+//! - filling the HTTPS port's descriptor share leaves MQTT (new and connected devices) and connected
+//!   HTTPS clients working;
+//! - the data directory and its secrets are private, and keys can come from files;
+//! - token scopes compare paths case-sensitively; membership changes need the owner policy; a job id
+//!   with quotes is not pasted into a query.
+
+mod common;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rumqttc::tokio_rustls::rustls;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const HANDSHAKE_SECS: u64 = 2;
+
+/// A server with a short handshake timeout and a small per-source unauthenticated cap (16).
+fn hardened(handshake_secs: u64, per_source: u32) -> ServerOpts {
+    let args = vec![
+        "--handshake-timeout-secs".into(),
+        handshake_secs.to_string(),
+        "--max-unauthenticated-per-source".into(),
+        per_source.to_string(),
+    ];
+    ServerOpts { shard_count: Some(2), extra_args: args, ..Default::default() }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A TCP connection to `port` on 127.0.0.1 from the loopback address `from` (127.0.0.0/8 is all
+/// local, so each address is a distinct source to the server).
+async fn tcp_from(from: IpAddr, port: u16) -> std::io::Result<TcpStream> {
+    let sock = TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::new(from, 0))?;
+    sock.connect(SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+fn tls_connector(ca_pem: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut &ca_pem[..]) {
+        roots.add(cert.expect("CA PEM")).expect("add CA");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn tls_from(ca: &tokio_rustls::TlsConnector, from: IpAddr, port: u16) -> std::io::Result<Tls> {
+    let tcp = tcp_from(from, port).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    ca.connect(name, tcp).await
+}
+
+/// Reads until EOF or error; how long that took (capped at `within`, then `None`).
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(within.saturating_sub(start.elapsed()), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+fn lo(n: u8) -> IpAddr {
+    IpAddr::from([127, 0, 0, n])
+}
+
+/// A token of `policy` scoped to `path` below the hub (`sr = quote_plus(host/path)`).
+fn scoped_sas(host: &str, path: &str, policy: &str, key: &str) -> String {
+    let expiry = unix_now() + 3600;
+    let sr = py_quote_plus(&format!("{host}/{path}"));
+    let sig = sign(key, &format!("{sr}\n{expiry}"));
+    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry}&skn={policy}", py_quote(&sig, "/"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_labels_stay_bounded_under_random_methods() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let http = srv.http_client();
+    let metrics = |http: reqwest::Client, url: String| async move {
+        http.get(url).send().await.expect("metrics").text().await.expect("metrics text")
+    };
+    let url = format!("{}/metrics", srv.base_url);
+    let before = metrics(http.clone(), url.clone()).await.len();
+    let mut sent = Vec::new();
+    for i in 0..600u32 {
+        let len = 200 + (i as usize * 37) % 800;
+        let name: String = (0..len).map(|j| (b'A' + ((i as usize * 7 + j * 13) % 26) as u8) as char).collect();
+        let method = reqwest::Method::from_bytes(name.as_bytes()).expect("token method");
+        // Unrouted paths keep the connection; routed ones are refused 401 and closed.
+        let path = if i % 4 == 0 { "/devices/x" } else { "/nope" };
+        let r = http.request(method, format!("{}{path}", srv.base_url)).send().await.expect("answered");
+        assert!(matches!(r.status().as_u16(), 401 | 404 | 405), "{}", r.status());
+        if i < 3 {
+            sent.push(name);
+        }
+    }
+    let page = metrics(http.clone(), url).await;
+    assert!(page.len() < before + 16 * 1024, "metrics grew from {before} to {} bytes", page.len());
+    for name in &sent {
+        assert!(!page.contains(name.as_str()), "a client-chosen method became a label");
+    }
+    assert!(page.contains("method=\"other\""), "odd methods are counted as other");
+    eprintln!("metrics page: {before} bytes before, {} after 600 odd-method requests", page.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_connections_are_closed_after_the_handshake_timeout() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let ca = tls_connector(&srv.ca_pem);
+    let limit = Duration::from_secs(HANDSHAKE_SECS * 3 + 3);
+    let start = Instant::now();
+    // 12 half-sent heads, 12 idle TLS sessions, 12 raw TCP sockets that never start TLS: one source
+    // each group, so the per-source cap (16) does not refuse them and each timeout is exercised.
+    let mut tasks = Vec::new();
+    for i in 0..12u8 {
+        let (ca1, ca2, port) = (ca.clone(), ca.clone(), srv.port);
+        tasks.push(tokio::spawn(async move {
+            let mut s = tls_from(&ca1, lo(10), port).await.expect("TLS");
+            s.write_all(b"GET /devices?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nX-Slow: ").await.expect("partial head");
+            s.flush().await.expect("flush");
+            ("half head", i, closed_within(&mut s, limit).await)
+        }));
+        tasks.push(tokio::spawn(async move {
+            let mut s = tls_from(&ca2, lo(11), port).await.expect("TLS");
+            ("idle TLS", i, closed_within(&mut s, limit).await)
+        }));
+        tasks.push(tokio::spawn(async move {
+            let mut s = tcp_from(lo(12), port).await.expect("TCP");
+            ("raw TCP", i, closed_within(&mut s, limit).await)
+        }));
+    }
+    let mut worst = Duration::ZERO;
+    for t in tasks {
+        let (what, i, closed) = t.await.expect("task");
+        let took = closed.unwrap_or_else(|| panic!("{what} #{i} still open after {limit:?}"));
+        worst = worst.max(took);
+    }
+    eprintln!("36 slow/idle connections all closed; the last after {worst:?} (test took {:?})", start.elapsed());
+    // The server still serves.
+    srv.owner().must_create_device("after-slow").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_source_holds_few_unauthenticated_connections() {
+    let srv = Server::start(hardened(30, 16));
+    // 300 sockets from one address that never speak.
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        if let Ok(s) = tcp_from(lo(20), srv.port).await {
+            held.push(s);
+        }
+    }
+    // Refused ones are closed by the server at once.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut open = 0;
+    for s in held.iter_mut() {
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(20), s.read(&mut b)).await {
+            Err(_) => open += 1,
+            Ok(_) => {}
+        }
+    }
+    assert!(open <= 16, "{open} of 300 sockets from one source still held");
+    eprintln!("one source: {open} of 300 idle sockets held, the rest refused at accept");
+    // Meanwhile another source, and MQTT from the flooding source, work.
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&srv.ca_pem).expect("CA"))
+        .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], srv.port)))
+        .local_address(lo(21))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let token = service_sas(&srv.host_name, "iothubowner", &srv.owner_key, unix_now() + 3600);
+    let r = http
+        .put(format!("{}/devices/flooded?api-version={API_VERSION}", srv.base_url))
+        .header("Authorization", &token)
+        .json(&json!({"deviceId": "flooded"}))
+        .send()
+        .await
+        .expect("legit client from another source");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let key = r.json::<serde_json::Value>().await.expect("json")["authentication"]["symmetricKey"]["primaryKey"]
+        .as_str()
+        .expect("key")
+        .to_string();
+    let mut dev = MqttDevice::connect(&srv, "flooded", &key).await;
+    assert_eq!(dev.get_twin().await, 200);
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_without_credentials_are_refused_unread() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let ca = tls_connector(&srv.ca_pem);
+    let rss_before = rss_kib(srv.pid());
+    let start = Instant::now();
+    // 400 uploads announcing 250 KB, sending 1 KB and stalling; spread over 25 sources (16 each).
+    let mut tasks = Vec::new();
+    for i in 0..400u32 {
+        let (ca, port) = (ca.clone(), srv.port);
+        tasks.push(tokio::spawn(async move {
+            let from = lo(30 + (i / 16) as u8);
+            let Ok(mut s) = tls_from(&ca, from, port).await else { return ("refused at accept", None) };
+            let head = format!(
+                "PATCH /twins/d{i}?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 250000\r\n\r\n"
+            );
+            if s.write_all(head.as_bytes()).await.is_err() || s.write_all(&[b' '; 1024]).await.is_err() {
+                return ("refused at accept", None);
+            }
+            let mut got = Vec::new();
+            let mut buf = [0u8; 2048];
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(20) {
+                match tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                    Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let text = String::from_utf8_lossy(&got).to_string();
+            ("answered", Some((text, t0.elapsed())))
+        }));
+    }
+    let (mut answered, mut slowest) = (0, Duration::ZERO);
+    for t in tasks {
+        match t.await.expect("task") {
+            ("answered", Some((text, took))) => {
+                assert!(text.starts_with("HTTP/1.1 401"), "an unauthenticated upload got: {text:.200}");
+                assert!(text.to_ascii_lowercase().contains("connection: close"), "{text:.300}");
+                answered += 1;
+                slowest = slowest.max(took);
+            }
+            _ => {}
+        }
+    }
+    let rss_after = rss_kib(srv.pid());
+    eprintln!(
+        "{answered} of 400 stalled uploads answered 401 (slowest {slowest:?}), total {:?}; RSS {} -> {} KiB",
+        start.elapsed(),
+        rss_before,
+        rss_after
+    );
+    assert!(answered >= 300, "only {answered} uploads were answered");
+    assert!(slowest < Duration::from_secs(5), "a refusal took {slowest:?}: the body was waited for");
+    assert!(rss_after < rss_before + 40 * 1024, "RSS grew from {rss_before} to {rss_after} KiB");
+    srv.owner().must_create_device("after-uploads").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_the_https_port_leaves_the_other_ports_working() {
+    // 1,024 descriptors: the HTTPS listener gets a small share (about 50 connections).
+    let srv = Server::start(ServerOpts {
+        nofile: Some(1024),
+        ..hardened(60, 8)
+    });
+    let api = srv.owner();
+    let doc = api.must_create_device("steady").await;
+    let key = doc["authentication"]["symmetricKey"]["primaryKey"].as_str().expect("key").to_string();
+    let mut connected = MqttDevice::connect(&srv, "steady", &key).await;
+    assert_eq!(connected.get_twin().await, 200);
+    // The HTTPS client's pooled connection was authenticated before the flood.
+    api.must_get_twin("steady").await;
+
+    // The flood: idle TLS connections from 60 sources, 8 each, far more than the port's share.
+    let ca = tls_connector(&srv.ca_pem);
+    let mut held = Vec::new();
+    for src in 0..60u8 {
+        for _ in 0..8 {
+            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(5), tls_from(&ca, lo(100 + src), srv.port)).await {
+                held.push(s);
+            }
+        }
+    }
+    let mut alive = 0;
+    for s in held.iter_mut() {
+        let mut b = [0u8; 1];
+        if tokio::time::timeout(Duration::from_millis(10), s.read(&mut b)).await.is_err() {
+            alive += 1;
+        }
+    }
+    eprintln!("HTTPS flood: {alive} of {} TLS connections held open", held.len());
+    assert!(alive < 200, "{alive} connections held: the HTTPS share is not bounded");
+    let fresh = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&srv.ca_pem).expect("CA"))
+        .resolve("localhost", SocketAddr::from(([127, 0, 0, 1], srv.port)))
+        .local_address(lo(250))
+        .timeout(Duration::from_secs(3))
+        .build()
+        .expect("client");
+    let refused = fresh.get(format!("{}/health", srv.base_url)).send().await;
+    eprintln!("a new HTTPS client during the flood: {:?}", refused.as_ref().map(|r| r.status()));
+
+    // Other ports and connected clients are unaffected.
+    assert_eq!(connected.get_twin().await, 200, "a connected device still gets its twin");
+    api.must_patch_twin("steady", &json!({"properties": {"desired": {"during": "flood"}}})).await;
+    let doc = api.must_create_device("newcomer").await;
+    let key2 = doc["authentication"]["symmetricKey"]["primaryKey"].as_str().expect("key").to_string();
+    let mut newcomer = MqttDevice::connect(&srv, "newcomer", &key2).await;
+    assert_eq!(newcomer.get_twin().await, 200, "a new device connects during the flood");
+
+    // Once the flood lets go, new HTTPS clients are served again.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = fresh.get(format!("{}/health", srv.base_url)).send().await.expect("served after the flood");
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_are_private_and_can_come_from_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let key_file = dir.path().join("owner.key");
+    let key = "c2VjcmV0LWtleS1mcm9tLWEtZmlsZS0xMjM0NTY3ODk=";
+    std::fs::write(&key_file, format!("{key}\n")).expect("write key");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let srv = Server::start(ServerOpts {
+        extra_args: vec!["--owner-key-file".into(), key_file.display().to_string()],
+        ..Default::default()
+    });
+    assert_eq!(srv.owner_key, key, "the owner key comes from the file");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", srv.pid())).expect("cmdline");
+    assert!(!String::from_utf8_lossy(&cmdline).contains(key), "the key is not on the command line");
+    srv.owner().must_create_device("d1").await;
+
+    let mode = |p: &std::path::Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&srv.data_dir), 0o700, "data directory");
+    for f in ["policies.json", "tls/ca.key", "tls/server.key"] {
+        assert_eq!(mode(&srv.data_dir.join(f)), 0o600, "{f}");
+    }
+    // Everything the node and its storage engine wrote is private to its user.
+    let mut stack = vec![srv.data_dir.clone()];
+    let mut checked = 0;
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir") {
+            let p = e.expect("entry").path();
+            let m = std::fs::symlink_metadata(&p).expect("stat");
+            assert_eq!(m.permissions().mode() & 0o077, 0, "{} is {:o}", p.display(), m.permissions().mode() & 0o777);
+            checked += 1;
+            if m.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    assert!(checked > 10, "walked {checked} entries");
+
+    // Both a key and a key file: refused with a clear error.
+    let out = std::process::Command::new(bin_path())
+        .args(["serve", "--owner-key", key, "--owner-key-file"])
+        .arg(&key_file)
+        .args(["--data-dir"])
+        .arg(dir.path().join("other"))
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("owner-key-file"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_scopes_and_membership_permissions() {
+    let srv = Server::start(ServerOpts { shard_count: Some(2), ..Default::default() });
+    let owner = srv.owner();
+    owner.must_create_device("a").await;
+    owner.must_create_device("A").await;
+    let host = &srv.host_name;
+
+    // A token for devices/a opens devices/a only, not devices/A.
+    let scoped = srv.api_raw_auth(Some(&scoped_sas(host, "devices/a", "iothubowner", &srv.owner_key)));
+    assert_eq!(scoped.send("GET", "/devices/a", None, &[]).await.status, 200);
+    assert_eq!(scoped.send("GET", "/devices/A", None, &[]).await.status, 401);
+    // A token for a device named "query" does not authorise the query endpoint.
+    let q = srv.api_raw_auth(Some(&scoped_sas(host, "devices/query", "iothubowner", &srv.owner_key)));
+    let r = q.send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices"})), &[]).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    let r = owner.send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices"})), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+
+    // Membership changes need the owner policy, not RegistryWrite.
+    let rw = srv.api("registryReadWrite", &srv.policy_key("registryReadWrite"));
+    let r = rw.send("POST", "/cluster/members", Some(&json!({"id": 9, "addr": "127.0.0.1:9"})), &[]).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    let r = rw.send("DELETE", "/cluster/members/1", None, &[]).await;
+    assert_eq!(r.status, 401, "{}", r.text);
+    // The owner passes the permission check (a single node then refuses for its own reasons).
+    let r = owner.send("DELETE", "/cluster/members/7", None, &[]).await;
+    assert_ne!(r.status, 401, "{}", r.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_id_with_quotes_is_not_query_text() {
+    let srv = Server::start(ServerOpts { shard_count: Some(2), ..Default::default() });
+    let api = srv.owner();
+    for id in ["jq-1", "jq-2"] {
+        api.must_create_device(id).await;
+    }
+    api.must_patch_twin("jq-1", &json!({"tags": {"pick": 1}})).await;
+    // Legal job id characters that would close the literal and add a condition if pasted into a query.
+    let job = "o'brien'OR(jobId='x')";
+    let req = json!({
+        "jobId": job, "type": "scheduleUpdateTwin",
+        "queryCondition": "tags.pick = 1",
+        "updateTwin": {"etag": "*", "properties": {"desired": {"quoted": true}}},
+        "startTime": "2020-01-01T00:00:00.000Z", "maxExecutionTimeInSeconds": 60
+    });
+    let path = format!("/jobs/v2/{}", enc(job));
+    let r = api.send("PUT", &path, Some(&req), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let done = loop {
+        let j = api.must_get(&path).await;
+        if j["status"] == "completed" {
+            break j;
+        }
+        assert!(Instant::now() < deadline, "job not completed: {j}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(done["deviceJobStatistics"]["succeededCount"], 1, "{done}");
+    assert_eq!(done["deviceJobStatistics"]["failedCount"], 0, "{done}");
+}
+
+/// A device over plain MQTT, just enough to ask for its twin.
+struct MqttDevice {
+    client: rumqttc::AsyncClient,
+    rx: tokio::sync::mpsc::UnboundedReceiver<String>,
+    rid: u32,
+}
+
+impl MqttDevice {
+    async fn connect(srv: &Server, id: &str, key: &str) -> MqttDevice {
+        let mut o = rumqttc::MqttOptions::new(id, "127.0.0.1", srv.mqtt_plain_port);
+        o.set_credentials(
+            format!("localhost/{id}/?api-version=2021-04-12"),
+            device_token("localhost", id, None, key, unix_now() + 3600),
+        );
+        o.set_keep_alive(Duration::from_secs(30));
+        let (client, mut el) = rumqttc::AsyncClient::new(o, 16);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            loop {
+                match el.poll().await {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(Ok(()));
+                        }
+                    }
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                        let _ = tx.send(p.topic);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(Err(e.to_string()));
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(20), ready_rx)
+            .await
+            .expect("CONNACK in time")
+            .expect("event loop")
+            .expect("connected");
+        client.subscribe("$iothub/twin/res/#", rumqttc::QoS::AtMostOnce).await.expect("subscribe");
+        MqttDevice { client, rx, rid: 0 }
+    }
+
+    /// `$iothub/twin/GET`, returning the response status.
+    async fn get_twin(&mut self) -> u16 {
+        self.rid += 1;
+        let rid = self.rid;
+        self.client
+            .publish(format!("$iothub/twin/GET/?$rid={rid}"), rumqttc::QoS::AtMostOnce, false, Vec::new())
+            .await
+            .expect("publish");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let topic = tokio::time::timeout(left, self.rx.recv()).await.expect("twin response in time").expect("connection open");
+            if topic.ends_with(&format!("$rid={rid}")) {
+                let status = topic.trim_start_matches("$iothub/twin/res/").split('/').next().unwrap_or("");
+                return status.parse().expect("status");
+            }
+        }
+    }
+}
