@@ -5,6 +5,7 @@
 //! [`ApiError`], rendered in one place (`error.rs`).
 
 mod body;
+mod bulk;
 mod changes;
 pub mod error;
 mod jobs;
@@ -181,7 +182,9 @@ async fn auth_first(
 
 pub fn router(state: Shared) -> Router {
     Router::new()
-        .route("/devices", get(registry::list_devices))
+        .route("/devices", get(registry::list_devices).post(bulk::bulk))
+        // The Node SDK's Registry.list asks for `/devices/`.
+        .route("/devices/", get(registry::list_devices))
         .route("/devices/query", axum::routing::post(query::query_devices))
         .route("/jobs/v2/query", get(jobs::query))
         .route("/jobs/v2/{id}", get(jobs::get).put(jobs::create))

@@ -30,7 +30,7 @@ fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: &str) -> Resul
 }
 
 /// A patch that removes every member of a section: what `"tags": null` / `"desired": null` means.
-fn clear_patch(section: &Node) -> Map<String, Value> {
+pub(super) fn clear_patch(section: &Node) -> Map<String, Value> {
     section.members().iter().map(|(k, _)| (k.to_string(), Value::Null)).collect()
 }
 
@@ -92,6 +92,7 @@ impl ShardState {
                 self.device_jobs.entry(job_id.clone()).or_default().insert(device_id.clone(), row);
                 Ok(Reply::Done)
             }
+            Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
             Op::Cluster(op) => {
                 self.cluster.apply(op).map(|()| Reply::Done).map_err(|e| TwinError::InvalidArgument(e.to_string()))
             }
@@ -129,7 +130,7 @@ impl ShardState {
         }
     }
 
-    fn put_device(&mut self, cmd: &Command, spec: &DeviceSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn put_device(&mut self, cmd: &Command, spec: &DeviceSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let id = spec.device_id.as_str();
         validate_id("device", id)?;
         match (self.devices.get(id), if_match) {
@@ -173,7 +174,7 @@ impl ShardState {
         }
     }
 
-    fn delete_device(&mut self, id: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn delete_device(&mut self, id: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let dev = self.devices.get(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
         check_if_match(if_match, dev.identity.etag, &format!("device {id}"))?;
         for (mid, m) in &dev.modules {
@@ -192,7 +193,7 @@ impl ShardState {
         Ok(Reply::Done)
     }
 
-    fn put_module(&mut self, cmd: &Command, spec: &ModuleSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn put_module(&mut self, cmd: &Command, spec: &ModuleSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let (did, mid) = (spec.device_id.as_str(), spec.module_id.as_str());
         validate_id("device", did)?;
         validate_id("module", mid)?;
@@ -241,7 +242,7 @@ impl ShardState {
         }
     }
 
-    fn delete_module(&mut self, did: &str, mid: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn delete_module(&mut self, did: &str, mid: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let id = TwinId::module(did, mid);
         let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
         let m = dev.modules.get(mid).ok_or_else(|| not_found(&id))?;
@@ -254,7 +255,7 @@ impl ShardState {
         Ok(Reply::Done)
     }
 
-    fn update_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn update_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
         let body = parse_json(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;

@@ -104,6 +104,9 @@ pub enum Op {
     /// A job's update of one device: applies `patch_json` (a service twin patch) and records the
     /// device's outcome row, once: a second command for the same (job, device) changes nothing.
     JobUpdateTwin { job_id: String, job_type: String, created_ms: i64, start_ms: i64, device_id: String, patch_json: String },
+    /// A bulk registry call's entries that belong to one shard (see `model::bulk`); every entry applies
+    /// or fails on its own.
+    Bulk { entries: Vec<super::bulk::BulkEntry> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -131,6 +134,7 @@ impl Command {
             | Op::SetConnectionState { id, .. } => &id.device_id,
             Op::Cluster(_) | Op::Job(_) => "",
             Op::JobUpdateTwin { device_id, .. } => device_id,
+            Op::Bulk { entries } => entries.first().map_or("", |e| e.id.device_id.as_str()),
         }
     }
 }
@@ -149,6 +153,7 @@ impl fmt::Display for Command {
             Op::Cluster(_) => "Cluster",
             Op::Job(_) => "Job",
             Op::JobUpdateTwin { .. } => "JobUpdateTwin",
+            Op::Bulk { .. } => "Bulk",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -29,6 +29,8 @@ pub enum Remembered {
     Twin(TwinId),
     /// A job command: answered with the job as it is now.
     Job(String),
+    /// A bulk registry command: each entry's outcome.
+    Bulk(Vec<Option<TwinError>>),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,7 @@
 //! (sizes after merge, If-Match).
 
 mod apply;
+pub mod bulk;
 pub mod command;
 mod dedupe;
 mod doc;
@@ -51,6 +52,8 @@ pub enum Reply {
     Done,
     /// A job record (JobResponse JSON) after a job command.
     Job(Value),
+    /// Each entry's outcome of a bulk registry command, in order (`None`: applied).
+    Bulk(bulk::BulkOutcome),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (issue 3 consumes
@@ -159,6 +162,7 @@ impl ShardState {
                 Op::Job(op) => Remembered::Job(op.job_id().to_string()),
                 _ => Remembered::Done,
             },
+            Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
                 _ => Remembered::Done,
@@ -177,6 +181,7 @@ impl ShardState {
         match first {
             Remembered::Err(e) => Err(e.clone()),
             Remembered::Done => Ok(Reply::Done),
+            Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
             Remembered::Reported(v) => Ok(Reply::Reported { version: *v }),
             Remembered::Device(d) => {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))

@@ -270,3 +270,39 @@ def test_job_manager_create_get_cancel_query(hub, rm):
     with pytest.raises(HttpOperationError) as e:
         jm.get_scheduled_job(_uid("missing"))
     assert _status(e) == 404
+
+
+def test_bulk_create_update_delete_with_a_failing_entry(rm):
+    """`bulk_create_or_update_devices` sends `POST /devices`: good entries apply, a bad one fails alone."""
+    from azure.iot.hub.protocol.models import AuthenticationMechanism, ExportImportDevice, SymmetricKey
+
+    prefix = _uid("bulk")
+    ids = [f"{prefix}-{i}" for i in range(5)]
+
+    def entry(dev, mode, **kw):
+        auth = AuthenticationMechanism(type="sas", symmetric_key=SymmetricKey(primary_key=None, secondary_key=None))
+        return ExportImportDevice(id=dev, import_mode=mode, status="enabled", authentication=auth, **kw)
+
+    res = rm.bulk_create_or_update_devices([entry(d, "create", tags={"batch": prefix}) for d in ids])
+    assert res.is_successful, res.errors
+    assert not res.errors
+    twin = rm.get_twin(ids[3])
+    assert twin.tags["batch"] == prefix
+    assert _is_key(rm.get_device(ids[3]).authentication.symmetric_key.primary_key)
+
+    # One duplicate create among good updates and a delete: only the duplicate fails.
+    res = rm.bulk_create_or_update_devices(
+        [
+            entry(ids[0], "create"),
+            entry(ids[1], "update", status_reason="maintenance"),
+            entry(ids[2], "delete"),
+            entry(ids[4], "updateTwin", tags={"batch": "moved"}),
+        ]
+    )
+    assert res.is_successful is False
+    assert [(e.device_id, e.error_code) for e in res.errors] == [(ids[0], "DeviceAlreadyExists")]
+    assert rm.get_device(ids[1]).status_reason == "maintenance"
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_device(ids[2])
+    assert _status(e) == 404
+    assert rm.get_twin(ids[4]).tags == {"batch": "moved"}

@@ -1,0 +1,190 @@
+//! `POST /devices`: the bulk registry operation (an array of up to 100 `ExportImportDevice` entries,
+//! each with its `importMode`), answered with `{"isSuccessful", "errors", "warnings"}` — 200 when every
+//! entry applied, 400 with the same body when some failed (what the SDKs expect).
+//!
+//! Entries are validated here first; a malformed entry fails alone. The valid ones are grouped by
+//! shard and each group goes through Raft as one command (see `model::bulk`), all shards at once.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Map, Value};
+
+use super::registry::{device_spec, module_spec};
+use super::{body, json_response, ApiError, Shared};
+use crate::auth::Permission;
+use crate::ids::TwinId;
+use crate::model::bulk::{BulkEntry, Identity, ImportMode};
+use crate::model::{now_ms, validate_id, validate_twin_patch, Command, Op, Reply};
+
+/// Entries one call may carry, as IoT Hub allows.
+pub const MAX_ENTRIES: usize = 100;
+
+fn bad(msg: String) -> ApiError {
+    ApiError::BadRequest(msg)
+}
+
+fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(bad(format!("{key} must be a string, got {other}"))),
+    }
+}
+
+/// One `ExportImportDevice` → a validated entry. Identity bodies go through the same parsing as
+/// `PUT /devices/{id}` (keys generated where absent), twin sections through the twin patch checks.
+fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
+    let obj = v.as_object().ok_or_else(|| bad("each entry must be a JSON object".into()))?;
+    let device = opt_string(obj, "id")?.filter(|s| !s.is_empty()).ok_or_else(|| bad("id (the device id) is required".into()))?;
+    validate_id("device", &device)?;
+    let module = opt_string(obj, "moduleId")?.filter(|s| !s.is_empty());
+    if let Some(m) = &module {
+        validate_id("module", m)?;
+    }
+    let mode_text = opt_string(obj, "importMode")?.unwrap_or_else(|| "create".into());
+    let mode = ImportMode::parse(&mode_text).ok_or_else(|| {
+        bad(format!(
+            "importMode '{mode_text}' is not one of create, update, updateIfMatchETag, delete, deleteIfMatchETag, updateTwin, updateTwinIfMatchETag"
+        ))
+    })?;
+    let identity = match mode {
+        ImportMode::Create | ImportMode::Update | ImportMode::UpdateIfMatchETag => Some(match &module {
+            None => Identity::Device(device_spec(&device, v)?),
+            Some(m) => Identity::Module(module_spec(&device, m, v)?),
+        }),
+        _ => None,
+    };
+    let tags = match obj.get("tags") {
+        None | Some(Value::Null) => None,
+        Some(t @ Value::Object(_)) => Some(t.clone()),
+        Some(other) => return Err(bad(format!("tags must be a JSON object, got {other}"))),
+    };
+    let desired = match obj.get("properties").and_then(|p| p.get("desired")) {
+        None | Some(Value::Null) => None,
+        Some(d @ Value::Object(_)) => Some(d.clone()),
+        Some(other) => return Err(bad(format!("properties.desired must be a JSON object, got {other}"))),
+    };
+    if matches!(mode, ImportMode::Delete | ImportMode::DeleteIfMatchETag) && (tags.is_some() || desired.is_some()) {
+        return Err(bad(format!("importMode {} takes no twin sections", mode.as_str())));
+    }
+    // The same limits as a twin PATCH (key names, depth, sizes), before anything is proposed.
+    let mut patch = Map::new();
+    if let Some(t) = &tags {
+        patch.insert("tags".into(), t.clone());
+    }
+    if let Some(d) = &desired {
+        patch.insert("properties".into(), json!({ "desired": d }));
+    }
+    if !patch.is_empty() {
+        validate_twin_patch(&Value::Object(patch))?;
+    }
+    Ok(BulkEntry {
+        id: match module {
+            Some(m) => TwinId::module(device, m),
+            None => TwinId::device(device),
+        },
+        mode,
+        identity,
+        etag: opt_string(obj, "eTag")?,
+        twin_etag: opt_string(obj, "twinETag")?,
+        tags_json: tags.map(|t| t.to_string()),
+        desired_json: desired.map(|d| d.to_string()),
+    })
+}
+
+/// `DeviceRegistryOperationError` for entry `id`.
+fn error_row(id: &TwinId, mode: Option<ImportMode>, e: &ApiError) -> Value {
+    let (_, code) = e.classify();
+    let mut row = json!({"deviceId": id.device_id, "errorCode": code, "errorStatus": e.to_string()});
+    if let Some(m) = &id.module_id {
+        row["moduleId"] = json!(m);
+    }
+    if let Some(mode) = mode {
+        row["operation"] = json!(mode.as_str());
+    }
+    row
+}
+
+/// The identity an unparsable entry names, as far as it can be read (for its error row).
+fn named_id(v: &Value) -> TwinId {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    match s("moduleId") {
+        Some(m) => TwinId::module(s("id").unwrap_or_default(), m),
+        None => TwinId::device(s("id").unwrap_or_default()),
+    }
+}
+
+pub async fn bulk(State(st): State<Shared>, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    st.authorize(&headers, "devices", Permission::RegistryWrite)?;
+    let doc = body::json(raw, "ExportImportDevice array")?;
+    let items = doc.as_array().ok_or_else(|| bad("the body must be a JSON array of ExportImportDevice entries".into()))?;
+    if items.is_empty() || items.len() > MAX_ENTRIES {
+        return Err(bad(format!("a bulk call takes 1 to {MAX_ENTRIES} entries, got {}", items.len())));
+    }
+    let twins = st.twins()?;
+    let mut errors: Vec<(usize, Value)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut by_shard: BTreeMap<u32, Vec<(usize, BulkEntry)>> = BTreeMap::new();
+    for (i, item) in items.iter().enumerate() {
+        match parse_entry(item) {
+            Ok(entry) => {
+                if !seen.insert(entry.id.clone()) {
+                    let msg = format!("{} appears more than once in the call", entry.id);
+                    errors.push((i, error_row(&entry.id, Some(entry.mode), &bad(msg))));
+                    continue;
+                }
+                by_shard.entry(twins.shards.shard_of(&entry.id.device_id)).or_default().push((i, entry));
+            }
+            Err(e) => errors.push((i, error_row(&named_id(item), None, &e))),
+        }
+    }
+    let at = now_ms();
+    let calls = by_shard.into_values().map(|group| async move {
+        let (idx, entries): (Vec<usize>, Vec<BulkEntry>) = group.into_iter().unzip();
+        let ids: Vec<(TwinId, ImportMode)> = entries.iter().map(|e| (e.id.clone(), e.mode)).collect();
+        let first = ids[0].0.clone();
+        let cmd = Command::new(Op::Bulk { entries }, at);
+        let outcome = match twins.write(&first, cmd).await {
+            Ok(applied) => match applied.result {
+                Ok(Reply::Bulk(o)) if o.len() == ids.len() => Ok(o),
+                Ok(other) => Err(ApiError::Internal(format!("unexpected reply to a bulk command: {other:?}"))),
+                Err(e) => Err(ApiError::from(e)),
+            },
+            Err(e) => Err(ApiError::from(e)),
+        };
+        let mut rows = Vec::new();
+        match outcome {
+            Ok(o) => {
+                for ((i, (id, mode)), err) in idx.into_iter().zip(ids).zip(o) {
+                    if let Some(e) = err {
+                        rows.push((i, error_row(&id, Some(mode), &ApiError::from(e))));
+                    }
+                }
+            }
+            // The whole group failed to commit (no leader in time…): every entry says so; a retry
+            // of the call is safe, entries that did apply answer with their own errors next time.
+            Err(e) => {
+                for (i, (id, mode)) in idx.into_iter().zip(ids) {
+                    rows.push((i, error_row(&id, Some(mode), &e)));
+                }
+            }
+        }
+        rows
+    });
+    for rows in futures::future::join_all(calls).await {
+        errors.extend(rows);
+    }
+    errors.sort_by_key(|(i, _)| *i);
+    let ok = errors.is_empty();
+    let body = json!({
+        "isSuccessful": ok,
+        "errors": errors.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+        "warnings": [],
+    });
+    Ok(json_response(if ok { StatusCode::OK } else { StatusCode::BAD_REQUEST }, &body))
+}
