@@ -137,6 +137,40 @@ impl HubClient {
             .ok_or_else(|| OpError::new("bad_response", "device without a primary key"))
     }
 
+    /// `POST /devices` (the bulk registry call) creating each `(id, primary key, tags)` entry, at most
+    /// 100. An entry answered `DeviceAlreadyExists` counts as created: it is what a retried call finds
+    /// when the answer to the first attempt was lost (the keys are the caller's, so they match).
+    pub async fn bulk_create(&mut self, entries: &[(String, String, Option<Value>)]) -> Result<(), OpError> {
+        let body: Vec<Value> = entries
+            .iter()
+            .map(|(id, key, tags)| {
+                let mut e = serde_json::json!({
+                    "id": id, "importMode": "create", "status": "enabled",
+                    "authentication": {"type": "sas", "symmetricKey": {"primaryKey": key, "secondaryKey": key}},
+                });
+                if let Some(t) = tags {
+                    e["tags"] = t.clone();
+                }
+                e
+            })
+            .collect();
+        let body = serde_json::to_vec(&body).map_err(|e| OpError::new("encode", e))?;
+        let r = self.send("POST", "/devices", Some(Bytes::from(body))).await?;
+        match r.status {
+            200 => Ok(()),
+            400 => {
+                let v: Value = serde_json::from_slice(&r.body).map_err(|e| OpError::new("bad_response", e))?;
+                let errors = v["errors"].as_array().cloned().unwrap_or_default();
+                match errors.iter().find(|e| e["errorCode"] != "DeviceAlreadyExists") {
+                    None if !errors.is_empty() => Ok(()),
+                    Some(e) => Err(OpError::new(&format!("bulk_{}", e["errorCode"].as_str().unwrap_or("error")), e)),
+                    None => Err(status_error(r.status, &r.body)),
+                }
+            }
+            s => Err(status_error(s, &r.body)),
+        }
+    }
+
     /// Sends a twin write (`PATCH` or `PUT`) with a ready-made JSON body; returns the new desired
     /// `$version`.
     pub async fn write_twin(&mut self, method: &str, id: &str, body: Bytes) -> Result<i64, OpError> {

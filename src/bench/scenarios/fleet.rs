@@ -151,35 +151,44 @@ impl Worker for Backend {
     }
 }
 
-/// Creates `n` devices `fb0000000..` over HTTPS, `concurrency` at a time; returns their primary keys.
+/// Devices per bulk registry call (IoT Hub's maximum).
+const BULK: usize = 100;
+
+/// Creates `n` devices `fb0000000..` over HTTPS with the bulk registry call (100 per call, keys
+/// generated here), `concurrency` calls at a time; returns their primary keys.
 pub async fn create_devices(hub: &Hub, n: usize, concurrency: usize, rec: Option<Arc<Recorder>>) -> anyhow::Result<(Vec<String>, f64)> {
     let started = Instant::now();
+    let keys: Arc<Vec<String>> = Arc::new((0..n).map(|_| crate::auth::generate_key()).collect());
+    let chunks = n.div_ceil(BULK);
     let next = Arc::new(AtomicU64::new(0));
-    let keys: Arc<Mutex<Vec<Option<String>>>> = Arc::new(Mutex::new(vec![None; n]));
+    let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for w in 0..concurrency.min(n.max(1)) {
-        let (mut c, next, keys, rec) = (hub.client(w), next.clone(), keys.clone(), rec.clone());
+    for w in 0..concurrency.min(chunks.max(1)) {
+        let (mut c, next, done, keys, rec) = (hub.client(w), next.clone(), done.clone(), keys.clone(), rec.clone());
         tasks.push(tokio::spawn(async move {
             loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= n {
+                let chunk = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if chunk >= chunks {
                     return Ok::<(), anyhow::Error>(());
                 }
+                let range = chunk * BULK..((chunk + 1) * BULK).min(n);
+                let entries: Vec<(String, String, Option<serde_json::Value>)> =
+                    range.clone().map(|i| (key_of(i), keys[i].clone(), None)).collect();
                 let mut last = None;
                 for _ in 0..5 {
                     let t0 = Instant::now();
-                    match c.create_device(&key_of(i)).await {
-                        Ok(k) => {
+                    match c.bulk_create(&entries).await {
+                        Ok(()) => {
                             if let Some(r) = &rec {
-                                r.record("create_device", t0.elapsed());
+                                r.record("create_devices_bulk", t0.elapsed());
                             }
-                            keys.lock().unwrap()[i] = Some(k);
+                            done.fetch_add(range.len() as u64, Ordering::Relaxed);
                             last = None;
                             break;
                         }
                         Err(e) => {
                             if let Some(r) = &rec {
-                                r.error("create_device", &e.kind, &e.detail);
+                                r.error("create_devices_bulk", &e.kind, &e.detail);
                             }
                             last = Some(e);
                             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -187,17 +196,17 @@ pub async fn create_devices(hub: &Hub, n: usize, concurrency: usize, rec: Option
                     }
                 }
                 if let Some(e) = last {
-                    anyhow::bail!("create device {}: {e}", key_of(i));
+                    anyhow::bail!("create devices {}..{}: {e}", key_of(range.start), key_of(range.end - 1));
                 }
             }
         }));
     }
     let ticker = {
-        let next = next.clone();
+        let done = done.clone();
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let d = next.load(Ordering::Relaxed).min(n as u64);
+                let d = done.load(Ordering::Relaxed).min(n as u64);
                 eprintln!("  devices created {d}/{n} ({:.0}/s)", d as f64 / started.elapsed().as_secs_f64());
             }
         })
@@ -207,8 +216,7 @@ pub async fn create_devices(hub: &Hub, n: usize, concurrency: usize, rec: Option
     }
     ticker.abort();
     let secs = started.elapsed().as_secs_f64();
-    let keys = keys.lock().unwrap().iter().map(|k| k.clone().unwrap_or_default()).collect();
-    Ok((keys, secs))
+    Ok((keys.to_vec(), secs))
 }
 
 pub fn endpoint(hub: &Hub, node: usize, tls: bool) -> anyhow::Result<Endpoint> {
