@@ -9,9 +9,13 @@
 //! job does not starve live traffic. Cancellation and `maxExecutionTimeInSeconds` are checked between
 //! devices.
 //!
-//! Failover: the runner holds nothing durable. When leadership moves, the new leader's runner finds the
-//! job still `running` and starts over; devices that already have a row answer without applying
-//! anything (see `model::jobs`), so every device gets the update exactly once.
+//! Failover: every two seconds the runner records, through Raft, its counters and a cursor: the
+//! position in its (shard, device id) order up to which every device's update has applied. When
+//! leadership moves, the new leader's runner reads the record, skips the devices up to the cursor and
+//! carries the counters on, so progress accumulates across runners and the statistics only grow.
+//! Devices between the cursor and where the old runner really was get their command again; those
+//! already have a row and answer without applying anything (see `model::jobs`), so every device gets
+//! the update exactly once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::TwinId;
-use crate::model::jobs::{Job, JobOp, JobStats, JobStatus};
+use crate::model::jobs::{Job, JobCursor, JobOp, JobStats, JobStatus};
 use crate::model::{now_ms, Command, Op};
 use crate::query;
 use crate::shard::ShardError;
@@ -85,26 +89,64 @@ fn job_status(twins: &Twins, job_id: &str) -> Option<JobStatus> {
     twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(job_id).map(|j| j.status)))
 }
 
+/// Where a runner's window stands: which of its devices are done, and the longest done prefix.
+struct Window {
+    done: Vec<bool>,
+    prefix: usize,
+    completed: u64,
+}
+
+impl Window {
+    fn new(n: usize) -> Window {
+        Window { done: vec![false; n], prefix: 0, completed: 0 }
+    }
+
+    fn finish(&mut self, i: usize) {
+        if let Some(d) = self.done.get_mut(i) {
+            if !*d {
+                *d = true;
+                self.completed += 1;
+            }
+        }
+        while self.done.get(self.prefix).copied().unwrap_or(false) {
+            self.prefix += 1;
+        }
+    }
+}
+
 async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
+    use futures::StreamExt;
     let spec = &job.spec;
     meta(twins, JobOp::Start { job_id: spec.job_id.clone(), at_ms: now_ms() }).await?;
-    let started = twins
-        .shards
-        .meta_group()
-        .and_then(|m| m.read_local(|s| s.jobs.jobs.get(&spec.job_id).and_then(|j| j.started_ms)))
-        .unwrap_or_else(now_ms);
+    // The record as the last runner left it: a checkpointed cursor and counters are carried on.
+    let record = twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(&spec.job_id).cloned()));
+    let started = record.as_ref().and_then(|j| j.started_ms).unwrap_or_else(now_ms);
+    let (resume, base) = record.map(|j| (j.cursor, j.stats)).unwrap_or_default();
     let devices = matching_devices(twins, &spec.query_condition).await?;
-    let total = devices.len() as u64;
-    meta(twins, JobOp::Progress { job_id: spec.job_id.clone(), stats: JobStats { device_count: total, pending: total, ..Default::default() } }).await?;
+    let remaining: Vec<JobCursor> = devices.into_iter().filter(|d| resume.as_ref().is_none_or(|c| d > c)).collect();
+    let done_before = base.succeeded + base.failed;
+    let total = base.device_count.max(done_before + remaining.len() as u64);
+    if resume.is_some() {
+        tracing::info!(job = %spec.job_id, done_before, remaining = remaining.len(), "resuming job from its checkpoint");
+    }
+    let checkpoint = |w: &Window, running: usize| {
+        let done = done_before + w.completed;
+        JobOp::Checkpoint {
+            job_id: spec.job_id.clone(),
+            stats: JobStats { device_count: total, succeeded: done, failed: 0, running: running as u64, pending: total.saturating_sub(done) },
+            cursor: w.prefix.checked_sub(1).and_then(|i| remaining.get(i)).cloned(),
+        }
+    };
+    let mut window = Window::new(remaining.len());
+    meta(twins, checkpoint(&window, 0)).await?;
     let deadline = (spec.max_execution_secs > 0).then(|| started.saturating_add(spec.max_execution_secs as i64 * 1000));
     let mut throttle = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_SEC));
     throttle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = futures::stream::FuturesUnordered::new();
-    let mut sent = 0u64;
     let mut last_progress = std::time::Instant::now();
     let mut stop: Option<(JobStatus, Option<String>)> = None;
-    for device in devices {
-        if sent % 64 == 0 {
+    for (i, device) in remaining.iter().enumerate() {
+        if i % 64 == 0 {
             if job_status(twins, &spec.job_id) == Some(JobStatus::Cancelled) {
                 stop = Some((JobStatus::Cancelled, None));
                 break;
@@ -116,9 +158,8 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
         }
         throttle.tick().await;
         while in_flight.len() >= IN_FLIGHT {
-            use futures::StreamExt;
             if let Some(r) = in_flight.next().await {
-                r?;
+                window.finish(r?);
             }
         }
         let cmd = Command::new(
@@ -127,27 +168,30 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
                 job_type: spec.job_type.clone(),
                 created_ms: spec.created_ms,
                 start_ms: spec.start_ms,
-                device_id: device.clone(),
+                device_id: device.device_id.clone(),
                 patch_json: spec.patch_json.clone(),
             },
             now_ms(),
         );
-        in_flight.push(async move { twins.write(&TwinId::device(device), cmd).await.map(|_| ()) });
-        sent += 1;
+        let id = TwinId::device(device.device_id.clone());
+        in_flight.push(async move { twins.write(&id, cmd).await.map(|_| i) });
         if last_progress.elapsed() > Duration::from_secs(2) {
             last_progress = std::time::Instant::now();
-            let stats = JobStats { device_count: total, running: in_flight.len() as u64, pending: total - sent, succeeded: sent - in_flight.len() as u64, failed: 0 };
-            meta(twins, JobOp::Progress { job_id: spec.job_id.clone(), stats }).await?;
+            meta(twins, checkpoint(&window, in_flight.len())).await?;
         }
     }
-    {
-        use futures::StreamExt;
-        while let Some(r) = in_flight.next().await {
-            r?;
-        }
+    while let Some(r) = in_flight.next().await {
+        window.finish(r?);
     }
+    meta(twins, checkpoint(&window, 0)).await?;
     let (succeeded, failed) = outcome_counts(twins, &spec.job_id).await?;
-    let stats = JobStats { device_count: total, succeeded, failed, running: 0, pending: total.saturating_sub(succeeded + failed) };
+    let stats = JobStats {
+        device_count: total.max(succeeded + failed),
+        succeeded,
+        failed,
+        running: 0,
+        pending: total.saturating_sub(succeeded + failed),
+    };
     let (status, reason) = match stop {
         Some((JobStatus::Cancelled, _)) => return Ok(()),
         Some((s, r)) => (s, r),
@@ -158,7 +202,7 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
 
 /// Device ids matching a job's condition, over every shard (paged, so no shard returns more than a
 /// page at a time).
-async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<String>, ShardError> {
+async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<JobCursor>, ShardError> {
     let text = format!("SELECT deviceId FROM devices WHERE {condition}");
     let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
     let mut out = Vec::new();
@@ -172,7 +216,11 @@ async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<String>,
                 other => return Err(ShardError::Fatal { shard, msg: format!("unexpected query answer {other:?}") }),
             };
             let page = q.page(vec![rows], cursor.as_deref().map(|t| q.cursor(t)).transpose().ok().flatten().as_ref(), 1000);
-            out.extend(page.items.iter().filter_map(|r| r["deviceId"].as_str().map(str::to_string)));
+            out.extend(
+                page.items
+                    .iter()
+                    .filter_map(|r| r["deviceId"].as_str().map(|d| JobCursor { shard, device_id: d.to_string() })),
+            );
             match page.next {
                 Some(c) => cursor = Some(c.encode()),
                 None => break,

@@ -842,20 +842,21 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
     let _one = ONE_AT_A_TIME.lock().await;
-    const N: usize = 1200;
+    // Long enough at the runner's 500 devices/s for a checkpoint (every 2 s) before the kill.
+    const N: usize = 3000;
     let c = Cluster::up(3, SHARDS);
     c.settle_leadership().await;
     let ids = c.ids();
 
-    // The devices, created concurrently through every node.
+    // The devices, created with bulk registry calls through every node.
     let apis: Vec<Api> = ids.iter().map(|id| c.api(*id)).collect();
     let devices: Vec<String> = (0..N).map(|i| format!("jk-{i:04}")).collect();
-    futures::future::join_all(devices.chunks(N / 12).enumerate().map(|(k, chunk)| {
+    futures::future::join_all(devices.chunks(100).enumerate().map(|(k, chunk)| {
         let api = &apis[k % apis.len()];
+        let body = Value::Array(chunk.iter().map(|d| json!({"id": d, "importMode": "create"})).collect());
         async move {
-            for d in chunk {
-                api.must_create_device(d).await;
-            }
+            let r = api.send("POST", "/devices", Some(&body), &[]).await;
+            assert_eq!(r.status, 200, "{}", r.text);
         }
     }))
     .await;
@@ -872,7 +873,8 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
     loop {
         let j = api.must_get("/jobs/v2/fleet").await;
         let s = &j["deviceJobStatistics"];
-        if j["status"] == "running" && s["pendingCount"].as_u64().unwrap_or(0) < N as u64 && s["deviceCount"] == N {
+        // A third of the way: at least one checkpoint is in the record.
+        if j["status"] == "running" && s["succeededCount"].as_u64().unwrap_or(0) >= N as u64 / 3 && s["deviceCount"] == N {
             eprintln!("job under way: {s}");
             break;
         }
@@ -880,12 +882,20 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
         assert!(Instant::now() < deadline, "job not under way: {j}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let before_kill = api.must_get("/jobs/v2/fleet").await["deviceJobStatistics"]["succeededCount"].as_u64().unwrap_or(0);
     c.kill9(meta_leader);
-    eprintln!("SIGKILLed node {meta_leader} (metadata leader, the job's runner)");
+    eprintln!("SIGKILLed node {meta_leader} (metadata leader, the job's runner) at {before_kill} devices done");
 
+    // The new runner carries the record on: the counters never go back.
     let deadline = Instant::now() + WAIT;
+    let mut seen = before_kill;
     let done = loop {
         if let Ok(r) = api.try_send("GET", "/jobs/v2/fleet", None, &[]).await {
+            if r.status == 200 {
+                let n = r.json()["deviceJobStatistics"]["succeededCount"].as_u64().unwrap_or(0);
+                assert!(n + 8 * 2 >= seen, "succeededCount went back from {seen} to {n}: {}", r.text);
+                seen = seen.max(n);
+            }
             if r.status == 200 && r.json()["status"] == "completed" {
                 break r.json().clone();
             }
@@ -904,5 +914,8 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
     }
     let r = api.send("POST", "/devices/query", Some(&json!({"query": "SELECT COUNT() AS n FROM devices.jobs WHERE jobId = 'fleet' AND status = 'completed'"})), &[]).await;
     assert_eq!(r.json(), &json!([{"n": N}]), "{}", r.text);
+    // The runner that took over went on from the checkpoint rather than from the start.
+    let resumed = c.nodes.iter().any(|n| std::fs::read_to_string(&n.log).unwrap_or_default().contains("resuming job from its checkpoint"));
+    assert!(resumed, "no runner resumed from a checkpoint\n{}", c.logs_tail());
     c.assert_no_panics();
 }

@@ -85,6 +85,18 @@ pub struct Job {
     pub end_ms: Option<i64>,
     pub failure_reason: Option<String>,
     pub stats: JobStats,
+    /// How far the runner got: every matching device up to this (shard, device id), in the runner's
+    /// (shard, id) order, has its update applied. A runner that takes over after a failover goes on
+    /// from here instead of starting over.
+    #[serde(default)]
+    pub cursor: Option<JobCursor>,
+}
+
+/// A position in a job's device order: (shard, device id).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobCursor {
+    pub shard: u32,
+    pub device_id: String,
 }
 
 /// A change of a job record (metadata-group log entry).
@@ -95,13 +107,20 @@ pub enum JobOp {
     Progress { job_id: String, stats: JobStats },
     Finish { job_id: String, status: JobStatus, at_ms: i64, stats: JobStats, reason: Option<String> },
     Cancel { job_id: String, at_ms: i64 },
+    /// The runner's progress: counters (which only grow) and, once some prefix of the device order
+    /// is done, the cursor after it (which only moves forward).
+    Checkpoint { job_id: String, stats: JobStats, cursor: Option<JobCursor> },
 }
 
 impl JobOp {
     pub fn job_id(&self) -> &str {
         match self {
             JobOp::Create(spec) => &spec.job_id,
-            JobOp::Start { job_id, .. } | JobOp::Progress { job_id, .. } | JobOp::Finish { job_id, .. } | JobOp::Cancel { job_id, .. } => job_id,
+            JobOp::Start { job_id, .. }
+            | JobOp::Progress { job_id, .. }
+            | JobOp::Finish { job_id, .. }
+            | JobOp::Cancel { job_id, .. }
+            | JobOp::Checkpoint { job_id, .. } => job_id,
         }
     }
 }
@@ -124,7 +143,15 @@ impl JobsState {
                     }
                     return Err(TwinError::PreconditionFailed(format!("a job with id '{}' already exists", spec.job_id)));
                 }
-                let job = Job { spec: spec.clone(), status: JobStatus::Queued, started_ms: None, end_ms: None, failure_reason: None, stats: JobStats::default() };
+                let job = Job {
+                    spec: spec.clone(),
+                    status: JobStatus::Queued,
+                    started_ms: None,
+                    end_ms: None,
+                    failure_reason: None,
+                    stats: JobStats::default(),
+                    cursor: None,
+                };
                 let out = job.render();
                 self.jobs.insert(spec.job_id.clone(), job);
                 Ok(out)
@@ -151,6 +178,23 @@ impl JobsState {
                     job.end_ms = Some(*at_ms);
                     job.stats = *stats;
                     job.failure_reason = reason.clone();
+                }
+                Ok(job.render())
+            }
+            JobOp::Checkpoint { job_id, stats, cursor } => {
+                let job = self.jobs.get_mut(job_id).ok_or_else(|| missing(job_id))?;
+                if !job.status.is_final() {
+                    let old = job.stats;
+                    job.stats = JobStats {
+                        device_count: old.device_count.max(stats.device_count),
+                        succeeded: old.succeeded.max(stats.succeeded),
+                        failed: old.failed.max(stats.failed),
+                        running: stats.running,
+                        pending: stats.pending,
+                    };
+                    if cursor.is_some() && *cursor > job.cursor {
+                        job.cursor = cursor.clone();
+                    }
                 }
                 Ok(job.render())
             }
@@ -250,6 +294,22 @@ mod tests {
             patch_json: r#"{"tags":{"x":1}}"#.into(),
             created_ms: 1_700_000_000_000,
         }
+    }
+
+    #[test]
+    fn checkpoints_only_move_forward() {
+        let mut s = JobsState::default();
+        s.apply(&JobOp::Create(spec("j"))).unwrap();
+        let at = |shard: u32, d: &str| Some(JobCursor { shard, device_id: d.into() });
+        let st = |succeeded: u64| JobStats { device_count: 10, succeeded, pending: 10 - succeeded, ..Default::default() };
+        s.apply(&JobOp::Checkpoint { job_id: "j".into(), stats: st(4), cursor: at(1, "d4") }).unwrap();
+        // A stale runner's late checkpoint moves nothing back.
+        let v = s.apply(&JobOp::Checkpoint { job_id: "j".into(), stats: st(2), cursor: at(0, "d9") }).unwrap();
+        assert_eq!(v["deviceJobStatistics"]["succeededCount"], 4);
+        assert_eq!(s.jobs["j"].cursor, at(1, "d4"));
+        s.apply(&JobOp::Checkpoint { job_id: "j".into(), stats: st(6), cursor: at(2, "a") }).unwrap();
+        assert_eq!(s.jobs["j"].cursor, at(2, "a"));
+        assert_eq!(s.jobs["j"].stats.succeeded, 6);
     }
 
     #[test]
