@@ -56,11 +56,12 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// `base64(HMAC-SHA256(secret, domain \n verb \n path \n node \n ts \n nonce \n len \n sha256 \n))`.
-fn mac(secret: &str, domain: &str, verb: &str, path: &str, node: u64, ts: u64, nonce: &str, body: &[u8]) -> String {
+/// `base64(HMAC-SHA256(secret, domain \n verb \n path \n node \n ts \n nonce \n len \n sha256 \n))`;
+/// `head` holds the first six fields.
+fn mac(secret: &str, head: [&str; 6], body: &[u8]) -> String {
     let mut m = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("hmac key");
     let sha = hex(&Sha256::digest(body));
-    m.update(format!("{domain}\n{verb}\n{path}\n{node}\n{ts}\n{nonce}\n{}\n{sha}\n", body.len()).as_bytes());
+    m.update(format!("{}\n{}\n{sha}\n", head.join("\n"), body.len()).as_bytes());
     B64.encode(m.finalize().into_bytes())
 }
 
@@ -78,7 +79,7 @@ fn signed_request(secret: &str, node: u64, path: &str, signed_body: &[u8]) -> (H
     insert(&mut h, "x-twinhub-nonce", nonce.clone());
     insert(&mut h, "x-twinhub-body-len", signed_body.len().to_string());
     insert(&mut h, "x-twinhub-body-sha256", hex(&Sha256::digest(signed_body)));
-    insert(&mut h, "x-twinhub-sig", mac(secret, "twinhub-req-v2", "POST", path, node, ts, &nonce, signed_body));
+    insert(&mut h, "x-twinhub-sig", mac(secret, ["twinhub-req-v2", "POST", path, &node.to_string(), &ts.to_string(), &nonce], signed_body));
     (h, nonce)
 }
 
@@ -88,7 +89,7 @@ fn is_answer_to(secret: &str, a: &Answer, path: &str, node: u64, nonce: &str) ->
     let ts: u64 = get("x-twinhub-ts").parse().unwrap_or(0);
     get("x-twinhub-node") == node.to_string()
         && get("x-twinhub-nonce") == nonce
-        && get("x-twinhub-sig") == mac(secret, "twinhub-resp-v2", a.status.as_str(), path, node, ts, nonce, &a.body)
+        && get("x-twinhub-sig") == mac(secret, ["twinhub-resp-v2", a.status.as_str(), path, &node.to_string(), &ts.to_string(), nonce], &a.body)
 }
 
 struct Answer {

@@ -300,7 +300,7 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = [0u8; N];
     for (i, pair) in s.chunks_exact(2).enumerate() {
-        out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
     }
     Some(out)
 }

@@ -72,7 +72,7 @@ pub struct CallError(pub String);
 
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Bytes, CallError>> + Send>>;
 
-/// A handler of `POST /cluster/v1/call/{name}`: the authenticated caller's node id and the request
+/// A handler of `POST /cluster/v2/call/{name}`: the authenticated caller's node id and the request
 /// bytes in, the answer bytes out.
 pub type CallHandler = Arc<dyn Fn(NodeId, Bytes) -> CallFuture + Send + Sync>;
 
@@ -260,15 +260,13 @@ impl Inner {
 
     /// Authenticates and runs a request.
     async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, proven: impl FnOnce()) -> Outcome {
-        let claim = match self.authenticate(&req, endpoint.as_ref()) {
+        let (claim, endpoint) = match self.authenticate(&req, endpoint) {
             Ok(c) => c,
             Err(r) => return Outcome::Refused(r),
         };
         proven();
         let (from, nonce) = (claim.node, claim.nonce);
         let answered = |result| Outcome::Answered { from, nonce, result };
-        // `authenticate` succeeds for known endpoints only.
-        let Some(endpoint) = endpoint else { return Outcome::Refused(Refusal::NotFound) };
         let limit = self.config.limits.for_endpoint(&endpoint);
         if claim.body.len > limit as u64 {
             return answered(Err(RpcFailure::TooLarge { limit: limit as u64 }));
@@ -289,7 +287,7 @@ impl Inner {
     }
 
     /// Steps 1–3 of the module doc: everything that needs no body.
-    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<&Endpoint>) -> Result<Claim, Refusal> {
+    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<Endpoint>) -> Result<(Claim, Endpoint), Refusal> {
         if req.method() != Method::POST {
             return Err(Refusal::Method(req.method().clone()));
         }
@@ -299,8 +297,9 @@ impl Inner {
         let now = unix_ms();
         let claim = Claim::from_headers(req.headers(), now)?;
         claim.verify_request(&self.secret, Method::POST.as_str(), &endpoint.path())?;
+        // Only after the MAC: nobody without the secret can put anything in the cache.
         self.nonces.admit(claim.node, claim.ts, claim.nonce, now)?;
-        Ok(claim)
+        Ok((claim, endpoint))
     }
 
     /// Reads exactly the declared `len` bytes at most: a longer body is cut off there and refused, a
