@@ -146,6 +146,25 @@ impl Refusal {
             Refusal::Auth(_) => RpcFailure::Unauthorized,
         }
     }
+
+    /// Metrics label: why, for operators (a closed set; the sender only ever sees the failure).
+    fn label(&self) -> &'static str {
+        match self {
+            Refusal::Method(_) => "method",
+            Refusal::NotFound => "not_found",
+            Refusal::Version => "protocol_version",
+            Refusal::Auth(e) => match e {
+                AuthError::Missing(_) => "missing",
+                AuthError::Malformed(_) => "malformed",
+                AuthError::Stale { .. } => "stale",
+                AuthError::BadSignature | AuthError::WrongNode { .. } => "bad_signature",
+                AuthError::BodyMismatch => "body_mismatch",
+                AuthError::Replayed => "replayed",
+                AuthError::Forgotten => "forgotten",
+                AuthError::TooManySenders => "too_many_senders",
+            },
+        }
+    }
 }
 
 /// What became of a request.
@@ -205,6 +224,7 @@ impl Inner {
             Outcome::Refused(refusal) => {
                 let failure = refusal.failure();
                 error(&failure);
+                metrics::counter!("twinhub_rpc_server_refused_total", "reason" => refusal.label()).increment(1);
                 self.log_refusal(&path, &refusal);
                 unsigned(failure)
             }
