@@ -108,7 +108,7 @@ impl Node {
                     transport.peers().set(*id, addr.clone());
                 }
                 let (l, a) = bind(c.listen).await?;
-                tokio::spawn(crate::cluster::transport::serve(l, transport.service(), stop.child_token()));
+                tokio::spawn(crate::cluster::transport::serve(l, transport.service(), gates.cluster.clone(), gates.limits.handshake_timeout, stop.child_token()));
                 (Some(transport), Some(a))
             }
         };

@@ -3,12 +3,13 @@
 //!
 //! - [`Transport`]: the client side and the node's registries; `ShardRouter` (in `shard::network`)
 //!   sends openraft's RPCs through it, tagged with the shard id.
-//! - [`server`]: [`RaftRpcService`] dispatches to the local group of a shard ([`LocalGroups`]) or to a
-//!   registered call handler ([`CallHandlers`]); [`serve`] runs it on a bound listener.
+//! - [`server`]: [`RaftRpcService`] authenticates a request, then dispatches it to the local group of
+//!   a shard ([`LocalGroups`]) or to a registered call handler ([`CallHandlers`]).
+//! - [`listen`]: [`serve`] runs it on a bound listener, under the listener's connection gate.
 //! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
-//! - [`wire`]: endpoints (`POST /cluster/v1/raft/{append|vote|prevote|snapshot|transfer-leader}`,
-//!   `POST /cluster/v1/call/{name}`) and postcard envelopes.
-//! - [`auth`]: request and response signatures.
+//! - [`wire`]: endpoints (`POST /cluster/v2/raft/{append|vote|prevote|snapshot|transfer-leader}`,
+//!   `POST /cluster/v2/call/{name}`), the protocol version and postcard envelopes.
+//! - [`auth`]: request and response signatures; [`replay`]: the receiver's nonce cache.
 //!
 //! # Deadlines
 //! Every request has one: openraft's `RPCOption::soft_ttl()` for Raft RPCs (openraft asks transports
@@ -18,20 +19,29 @@
 //! (`Unreachable` for openraft) until the backoff ends, instead of each waiting for a timeout.
 //!
 //! # Authentication, and what it does not do
-//! Members share a cluster secret. Every request and every response carries the sender's node id, a
-//! timestamp and an HMAC-SHA256 over both, the path and the body's SHA-256 (see [`auth`]). A
-//! receiver refuses (401) a missing or invalid signature or a timestamp more than 60 s from its clock
-//! before reading or decoding anything; a client refuses an answer not signed by the node it asked.
-//! This gives **authenticity and integrity between members**: nobody without the secret can make a
-//! node vote, append, install a snapshot or run a call, or alter or forge a message or an answer.
-//! It gives **no confidentiality**: bodies (twin documents, device keys in registry commands) travel
-//! in clear, so inter-node traffic belongs on a private network until the TLS option exists. A
-//! captured message can be replayed for up to 60 s; Raft tolerates duplicated messages by design and
-//! forwarded writes carry request ids that apply deduplicates, so a replay changes nothing.
+//! Members share a cluster secret. Every request carries the sender's node id, a timestamp, a fresh
+//! 128-bit nonce, the body's length and SHA-256, and an HMAC-SHA256 over those, the method and the
+//! path, in a request-only domain (see [`auth`]). A receiver checks the header MAC (constant time) and
+//! the clock skew (60 s) before it reads any body byte, refuses a nonce it has seen from that sender
+//! within the skew window ([`replay`]), then reads at most the declared length and compares the digest.
+//! Refusals are unsigned. An answer to an authenticated request is signed in a response-only domain
+//! over its status, path, body and *the request's* nonce; the client refuses an answer that is not
+//! signed, for that request, by the node it asked.
+//!
+//! This gives **authenticity, integrity and freshness between members**: nobody without the secret
+//! can make a node vote, append, install a snapshot or run a call, alter or forge a message or an
+//! answer, replay a captured request, or pass a response off as a request or as the answer to
+//! another request. It gives **no confidentiality**: bodies (twin documents, device keys in registry
+//! commands) travel in clear, so inter-node traffic belongs on a private network until the TLS option
+//! exists. Anyone on the path can still drop, delay (within the skew window) or reorder messages,
+//! which Raft tolerates, and every member holds the same secret, so a compromised member can
+//! impersonate any other.
 
 pub mod auth;
 pub mod error;
+pub mod listen;
 pub mod peers;
+pub mod replay;
 pub mod server;
 pub mod wire;
 
@@ -56,12 +66,13 @@ use serde::Serialize;
 pub use auth::ClusterSecret;
 pub use error::TransportError;
 pub use peers::PeerTable;
-pub use server::{serve, CallError, CallHandlers, LocalGroups, RaftRpcService};
+pub use listen::serve;
+pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
 pub use wire::{Endpoint, RaftKind, RpcFailure};
 
 use crate::ids::{NodeId, ShardId};
 use crate::shard::types::{Snapshot, TypeConfig, Vote};
-use auth::{unix_ms, Claim};
+use auth::{unix_ms, AuthError, BodyDigest, Claim, Direction, Envelope, Nonce};
 use wire::{ShardRequest, SnapshotHead};
 
 /// Largest body accepted per endpoint. A snapshot is the whole state of a shard in one request; the
@@ -111,13 +122,16 @@ pub struct TransportConfig {
     /// A sender that does not deliver its body in this time is dropped (server side).
     pub body_read_timeout: Duration,
     pub limits: BodyLimits,
-    /// HTTP/2 flow-control windows: large, so a snapshot streams at link speed rather than 64 KiB per
-    /// round trip.
+    /// HTTP/2 receive windows. Big enough that a snapshot streams at link speed on a LAN (1 MiB per
+    /// round trip), small enough that what a stranger's streams make the server buffer before their
+    /// refusal stays small (a stream holds at most its window, a connection at most its window).
     pub h2_stream_window: u32,
     pub h2_connection_window: u32,
     pub h2_max_frame: u32,
     /// Concurrent requests per connection (server side): every group's RPCs to one node share it.
     pub h2_max_concurrent_streams: u32,
+    /// Largest header list the server accepts: ours are a few hundred bytes.
+    pub h2_max_header_list: u32,
 }
 
 impl TransportConfig {
@@ -132,10 +146,11 @@ impl TransportConfig {
             keepalive: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(30),
             limits: BodyLimits::default(),
-            h2_stream_window: 4 << 20,
-            h2_connection_window: 16 << 20,
+            h2_stream_window: 1 << 20,
+            h2_connection_window: 4 << 20,
             h2_max_frame: 256 << 10,
             h2_max_concurrent_streams: 1024,
+            h2_max_header_list: 16 << 10,
         }
     }
 }
@@ -321,10 +336,19 @@ impl Transport {
             addr: peer.addr.clone(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
         })?;
-        let mut req = Request::new(Full::new(body.clone()));
+        let nonce = Nonce::random();
+        let envelope = Envelope {
+            direction: Direction::Request { method: Method::POST.as_str() },
+            path: &path,
+            node: config.node_id,
+            ts: unix_ms(),
+            nonce,
+            body: BodyDigest::of(&body),
+        };
+        let mut req = Request::new(Full::new(body));
         *req.method_mut() = Method::POST;
         *req.uri_mut() = uri;
-        config.secret.sign_headers(req.headers_mut(), config.node_id, &path, &body);
+        config.secret.sign_headers(req.headers_mut(), &envelope);
         req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
 
         let resp = match conn.sender.send_request(req).await {
@@ -335,31 +359,58 @@ impl Transport {
             }
         };
         let (parts, incoming) = resp.into_parts();
+        // The answer's headers are checked before its body is read, as on the server.
+        let claim = verify_answer(target, &parts, &path, nonce, config)?;
         let limit = config.limits.for_endpoint(endpoint);
-        let answer = match Limited::new(incoming, limit).collect().await {
+        if claim.body.len > limit as u64 {
+            return Err(TransportError::Decode { node: target, msg: format!("answer of {} bytes, limit {limit}", claim.body.len) });
+        }
+        let answer = match Limited::new(incoming, claim.body.len as usize).collect().await {
             Ok(c) => c.to_bytes(),
             Err(e) => return Err(TransportError::Decode { node: target, msg: format!("reading the answer: {e}") }),
         };
-        // A 401 is reported as such even when unsigned (a peer with another secret signs with it): a
-        // forged one can only fail a request, which anyone on the path can do anyway, and "check the
-        // cluster secret" is the diagnosis that matters.
-        if parts.status == StatusCode::UNAUTHORIZED {
-            return Err(TransportError::Remote { node: target, failure: RpcFailure::Unauthorized });
-        }
-        let claim = Claim::from_headers(&parts.headers, unix_ms())
-            .map_err(|source| TransportError::ResponseAuth { node: target, source })?;
-        if claim.node != target {
-            let source = auth::AuthError::WrongNode { got: claim.node, want: target };
-            return Err(TransportError::ResponseAuth { node: target, source });
-        }
-        claim
-            .verify(&config.secret, &path, &answer)
-            .map_err(|source| TransportError::ResponseAuth { node: target, source })?;
+        claim.check_body(&answer).map_err(|source| TransportError::ResponseAuth { node: target, source })?;
         if parts.status != StatusCode::OK {
             return Err(TransportError::Remote { node: target, failure: RpcFailure::from_body(parts.status, &answer) });
         }
         Ok(answer)
     }
+}
+
+/// Checks that an answer's headers are signed by `target` as the answer to the request with `nonce`.
+///
+/// Refusals are never signed, so an unsigned 401 is reported as "unauthorized": a forged one can only
+/// fail a request, which anyone on the path can do anyway, and "check the cluster secret" is the
+/// diagnosis that matters. An answer without this protocol version's marker comes from a node of
+/// another release, and says so.
+fn verify_answer(
+    target: NodeId,
+    parts: &hyper::http::response::Parts,
+    path: &str,
+    nonce: Nonce,
+    config: &TransportConfig,
+) -> Result<Claim, TransportError> {
+    let version = parts.headers.get(wire::HEADER_PROTO).and_then(|v| v.to_str().ok());
+    if version != Some(&*wire::PROTOCOL_VERSION.to_string()) {
+        return Err(TransportError::Protocol {
+            node: target,
+            status: parts.status.as_u16(),
+            theirs: version.map(str::to_string),
+        });
+    }
+    let auth = |source| TransportError::ResponseAuth { node: target, source };
+    let claim = match Claim::from_headers(&parts.headers, unix_ms()) {
+        Ok(c) => c,
+        Err(_) if parts.status == StatusCode::UNAUTHORIZED => {
+            return Err(TransportError::Remote { node: target, failure: RpcFailure::Unauthorized })
+        }
+        Err(e) => return Err(auth(e)),
+    };
+    claim.verify_response(&config.secret, parts.status.as_u16(), path, nonce).map_err(auth)?;
+    if claim.node != target {
+        return Err(auth(AuthError::WrongNode { got: claim.node, want: target }));
+    }
+    Ok(claim)
 }
 
 fn decode_answer<T: DeserializeOwned>(node: NodeId, answer: &[u8]) -> Result<T, TransportError> {

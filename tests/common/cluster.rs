@@ -511,3 +511,32 @@ pub fn permutations(ids: &[u64]) -> Vec<Vec<u64>> {
     out
 }
 
+
+// ---------------------------------------------------------------------------------------------------
+// The inter-node port, for tests that talk to it directly
+
+impl Cluster {
+    /// The inter-node secret every node shares, as `cluster up` recorded it in `cluster.json` (each
+    /// node's `twinhub.toml` holds the same value as `cluster_secret`).
+    pub fn cluster_secret(&self) -> String {
+        self.cluster_file()["secret"].as_str().expect("cluster.json: secret").to_string()
+    }
+
+    /// Node `id`'s inter-node listener.
+    pub fn cluster_addr(&self, id: u64) -> SocketAddr {
+        let file = self.cluster_file();
+        let entry = file["nodes"].as_array().and_then(|a| a.iter().find(|n| n["id"] == id)).cloned();
+        let entry = entry.unwrap_or_else(|| panic!("cluster.json: no node {id}"));
+        entry["cluster"].as_str().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("cluster.json: node {id} without cluster address"))
+    }
+}
+
+/// Resident set size of process `pid` in KiB (`VmRSS` of `/proc/PID/status`); 0 if it is gone.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}

@@ -1,15 +1,36 @@
 //! Signatures of inter-node requests and responses with the shared cluster secret.
 //!
-//! Every message carries three headers:
+//! Every signed message carries six headers:
 //!
 //! - `x-twinhub-node`: the sender's node id,
 //! - `x-twinhub-ts`: the sender's clock in Unix milliseconds,
-//! - `x-twinhub-sig`: `base64(HMAC-SHA256(secret, "{node}\n{ts}\n{path}\n{hex(sha256(body))}"))`.
+//! - `x-twinhub-nonce`: 128 random bits (32 hex digits) chosen by the client for each request; the
+//!   response repeats the nonce of the request it answers,
+//! - `x-twinhub-body-len`: the body's length in bytes,
+//! - `x-twinhub-body-sha256`: the body's SHA-256 (64 hex digits),
+//! - `x-twinhub-sig`: `base64(HMAC-SHA256(secret, input))`, where `input` is, one field per line
+//!   (each line ends with `\n`):
 //!
-//! `path` is the request path for both directions, so a response cannot be passed off as the answer
-//! to another endpoint. Checking is split in two so a receiver can refuse before it reads or decodes
-//! anything: [`Claim::from_headers`] checks presence, syntax and the clock skew, [`Claim::verify`] the
-//! MAC once the body is in (in constant time).
+//! ```text
+//! request:  twinhub-req-v2  METHOD  PATH NODE TS NONCE BODY-LEN BODY-SHA256
+//! response: twinhub-resp-v2 STATUS  PATH NODE TS NONCE BODY-LEN BODY-SHA256
+//! ```
+//!
+//! Why each field is there:
+//! - the **domain** (first line) differs per direction, so no response, however obtained, is ever a
+//!   valid request, and no request is a valid response;
+//! - the **nonce** makes every request unique, so the receiver can refuse a second copy (see
+//!   [`super::replay`]); in a response it is the *request's* nonce, so a response authenticates only
+//!   as the answer to that one request, never to another (or a replayed) one;
+//! - **method/status and path** stop a message from being moved to another endpoint or outcome;
+//! - **body length and digest** are in the headers so the receiver checks the MAC, and refuses,
+//!   before it reads a single body byte; the body is then read up to the declared length and compared
+//!   with the declared digest.
+//!
+//! Every field is free of line breaks (numbers, hex, an HTTP method or an URI path), so the input is
+//! unambiguous. Checking is split so that a receiver can refuse early: [`Claim::from_headers`] checks
+//! presence, syntax and clock skew; [`Claim::verify_request`] / [`Claim::verify_response`] the MAC,
+//! in constant time; [`Claim::check_body`] the body once it is read.
 
 use std::fmt;
 use std::sync::Arc;
@@ -21,18 +42,82 @@ use hmac::{Hmac, Mac};
 use hyper::header::HeaderValue;
 use hyper::HeaderMap;
 use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use crate::ids::NodeId;
 
 pub const HEADER_NODE: &str = "x-twinhub-node";
 pub const HEADER_TS: &str = "x-twinhub-ts";
+pub const HEADER_NONCE: &str = "x-twinhub-nonce";
+pub const HEADER_BODY_LEN: &str = "x-twinhub-body-len";
+pub const HEADER_BODY_SHA256: &str = "x-twinhub-body-sha256";
 pub const HEADER_SIG: &str = "x-twinhub-sig";
 
-/// How far a message's timestamp may be from the receiver's clock. Bounds how long a captured
-/// message can be replayed; node clocks must agree within it (NTP does far better).
+/// Every signature header, e.g. to check that an unsigned refusal carries none of them.
+pub const SIGNATURE_HEADERS: [&str; 6] =
+    [HEADER_NODE, HEADER_TS, HEADER_NONCE, HEADER_BODY_LEN, HEADER_BODY_SHA256, HEADER_SIG];
+
+/// First line of the MAC input of a request; `v2` is the protocol version (see [`super::wire`]).
+pub const REQUEST_DOMAIN: &str = "twinhub-req-v2";
+/// First line of the MAC input of a response.
+pub const RESPONSE_DOMAIN: &str = "twinhub-resp-v2";
+
+/// How far a message's timestamp may be from the receiver's clock. Node clocks must agree within it
+/// (NTP does far better); the replay cache remembers nonces for as long as a timestamp stays valid.
 pub const MAX_SKEW: Duration = Duration::from_secs(60);
 
 type HmacSha256 = Hmac<Sha256>;
+
+/// 128 random bits naming one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nonce(pub [u8; 16]);
+
+impl Nonce {
+    /// A fresh nonce from the thread's CSPRNG: collisions between honest requests are negligible.
+    pub fn random() -> Nonce {
+        Nonce(rand::random())
+    }
+
+    pub fn to_hex(self) -> String {
+        hex(&self.0)
+    }
+
+    fn from_hex(s: &str) -> Option<Nonce> {
+        unhex::<16>(s).map(Nonce)
+    }
+}
+
+/// A body's length and SHA-256, as the headers declare them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyDigest {
+    pub len: u64,
+    pub sha256: [u8; 32],
+}
+
+impl BodyDigest {
+    pub fn of(body: &[u8]) -> BodyDigest {
+        BodyDigest { len: body.len() as u64, sha256: Sha256::digest(body).into() }
+    }
+}
+
+/// What a signature binds besides the sender, time, nonce and body: the direction, and in it the
+/// method of a request or the status of a response.
+#[derive(Clone, Copy, Debug)]
+pub enum Direction<'a> {
+    Request { method: &'a str },
+    Response { status: u16 },
+}
+
+/// The signed fields of one message.
+#[derive(Clone, Copy, Debug)]
+pub struct Envelope<'a> {
+    pub direction: Direction<'a>,
+    pub path: &'a str,
+    pub node: NodeId,
+    pub ts: u64,
+    pub nonce: Nonce,
+    pub body: BodyDigest,
+}
 
 /// The secret every member of the cluster shares. Keyed once; `Debug` never prints it.
 #[derive(Clone)]
@@ -55,27 +140,42 @@ impl ClusterSecret {
         Ok(ClusterSecret { mac: Arc::new(mac) })
     }
 
-    fn mac(&self, node: NodeId, ts: u64, path: &str, body: &[u8]) -> HmacSha256 {
+    fn mac(&self, e: &Envelope<'_>) -> HmacSha256 {
+        let (domain, verb) = match e.direction {
+            Direction::Request { method } => (REQUEST_DOMAIN, method.to_string()),
+            Direction::Response { status } => (RESPONSE_DOMAIN, status.to_string()),
+        };
         let mut mac = (*self.mac).clone();
-        mac.update(format!("{node}\n{ts}\n{path}\n").as_bytes());
-        mac.update(hex(&Sha256::digest(body)).as_bytes());
+        let input = format!(
+            "{domain}\n{verb}\n{}\n{}\n{}\n{}\n{}\n{}\n",
+            e.path,
+            e.node,
+            e.ts,
+            e.nonce.to_hex(),
+            e.body.len,
+            hex(&e.body.sha256)
+        );
+        mac.update(input.as_bytes());
         mac
     }
 
     /// The base64 signature of a message.
-    pub fn sign(&self, node: NodeId, ts: u64, path: &str, body: &[u8]) -> String {
-        B64.encode(self.mac(node, ts, path, body).finalize().into_bytes())
+    pub fn sign(&self, e: &Envelope<'_>) -> String {
+        B64.encode(self.mac(e).finalize().into_bytes())
     }
 
-    /// Adds the three signature headers for a message from `node`, stamped now.
-    pub fn sign_headers(&self, headers: &mut HeaderMap, node: NodeId, path: &str, body: &[u8]) {
-        let ts = unix_ms();
-        let sig = self.sign(node, ts, path, body);
-        headers.insert(HEADER_NODE, HeaderValue::from(node));
-        headers.insert(HEADER_TS, HeaderValue::from(ts));
-        // base64 is always a valid header value.
-        if let Ok(v) = HeaderValue::from_str(&sig) {
-            headers.insert(HEADER_SIG, v);
+    /// Sets the six signature headers of a message.
+    pub fn sign_headers(&self, headers: &mut HeaderMap, e: &Envelope<'_>) {
+        let sig = self.sign(e);
+        headers.insert(HEADER_NODE, HeaderValue::from(e.node));
+        headers.insert(HEADER_TS, HeaderValue::from(e.ts));
+        headers.insert(HEADER_BODY_LEN, HeaderValue::from(e.body.len));
+        // Hex and base64 are always valid header values.
+        for (name, value) in [(HEADER_NONCE, e.nonce.to_hex()), (HEADER_BODY_SHA256, hex(&e.body.sha256)), (HEADER_SIG, sig)]
+        {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
         }
     }
 }
@@ -99,6 +199,16 @@ pub enum AuthError {
     BadSignature,
     #[error("answer signed by node {got}, expected node {want}")]
     WrongNode { got: NodeId, want: NodeId },
+    #[error("body does not match its signed length and digest")]
+    BodyMismatch,
+    #[error("nonce already seen: a replayed message")]
+    Replayed,
+    /// The sender's timestamp is at or below what the replay cache still remembers for it (see
+    /// [`super::replay`]): it might be a replay the cache can no longer recognise.
+    #[error("message older than the replay window this node still remembers")]
+    Forgotten,
+    #[error("replay cache full: too many senders")]
+    TooManySenders,
 }
 
 /// What a message's headers claim, before the MAC is checked.
@@ -106,6 +216,8 @@ pub enum AuthError {
 pub struct Claim {
     pub node: NodeId,
     pub ts: u64,
+    pub nonce: Nonce,
+    pub body: BodyDigest,
     sig: Vec<u8>,
 }
 
@@ -114,17 +226,49 @@ impl Claim {
     pub fn from_headers(headers: &HeaderMap, now_ms: u64) -> Result<Claim, AuthError> {
         let node = header(headers, HEADER_NODE)?.parse().map_err(|_| AuthError::Malformed(HEADER_NODE))?;
         let ts: u64 = header(headers, HEADER_TS)?.parse().map_err(|_| AuthError::Malformed(HEADER_TS))?;
+        let nonce = Nonce::from_hex(header(headers, HEADER_NONCE)?).ok_or(AuthError::Malformed(HEADER_NONCE))?;
+        let len = header(headers, HEADER_BODY_LEN)?.parse().map_err(|_| AuthError::Malformed(HEADER_BODY_LEN))?;
+        let sha256 =
+            unhex::<32>(header(headers, HEADER_BODY_SHA256)?).ok_or(AuthError::Malformed(HEADER_BODY_SHA256))?;
         let sig = B64.decode(header(headers, HEADER_SIG)?).map_err(|_| AuthError::Malformed(HEADER_SIG))?;
         let skew_ms = ts.abs_diff(now_ms);
         if u128::from(skew_ms) > MAX_SKEW.as_millis() {
             return Err(AuthError::Stale { ts, skew_ms });
         }
-        Ok(Claim { node, ts, sig })
+        Ok(Claim { node, ts, nonce, body: BodyDigest { len, sha256 }, sig })
     }
 
-    /// Checks the MAC over `path` and `body` in constant time.
-    pub fn verify(&self, secret: &ClusterSecret, path: &str, body: &[u8]) -> Result<(), AuthError> {
-        secret.mac(self.node, self.ts, path, body).verify_slice(&self.sig).map_err(|_| AuthError::BadSignature)
+    /// Checks the MAC of a request (with its own nonce), in constant time.
+    pub fn verify_request(&self, secret: &ClusterSecret, method: &str, path: &str) -> Result<(), AuthError> {
+        self.verify(secret, Direction::Request { method }, path, self.nonce)
+    }
+
+    /// Checks the MAC of a response to the request that carried `request_nonce`. The nonce is the one
+    /// we sent, not the one the response claims: an answer to any other request does not verify.
+    pub fn verify_response(
+        &self,
+        secret: &ClusterSecret,
+        status: u16,
+        path: &str,
+        request_nonce: Nonce,
+    ) -> Result<(), AuthError> {
+        self.verify(secret, Direction::Response { status }, path, request_nonce)
+    }
+
+    fn verify(&self, secret: &ClusterSecret, direction: Direction<'_>, path: &str, nonce: Nonce) -> Result<(), AuthError> {
+        let e = Envelope { direction, path, node: self.node, ts: self.ts, nonce, body: self.body };
+        secret.mac(&e).verify_slice(&self.sig).map_err(|_| AuthError::BadSignature)
+    }
+
+    /// Checks a body read after the MAC against the signed length and digest.
+    pub fn check_body(&self, body: &[u8]) -> Result<(), AuthError> {
+        let got = BodyDigest::of(body);
+        let same = got.len == self.body.len && bool::from(got.sha256.ct_eq(&self.body.sha256));
+        if same {
+            Ok(())
+        } else {
+            Err(AuthError::BodyMismatch)
+        }
     }
 }
 
@@ -147,6 +291,20 @@ fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// Exactly `2 * N` hex digits (either case) into `N` bytes.
+fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let s = s.as_bytes();
+    if s.len() != 2 * N {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; N];
+    for (i, pair) in s.chunks_exact(2).enumerate() {
+        out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,31 +313,90 @@ mod tests {
         ClusterSecret::new(s.as_bytes()).expect("secret")
     }
 
-    #[test]
-    fn test_signature_round_trips_and_binds_path_body_and_node() {
-        let s = secret("k");
+    fn request<'a>(path: &'a str, node: NodeId, nonce: Nonce, body: &[u8]) -> Envelope<'a> {
+        Envelope {
+            direction: Direction::Request { method: "POST" },
+            path,
+            node,
+            ts: unix_ms(),
+            nonce,
+            body: BodyDigest::of(body),
+        }
+    }
+
+    fn signed(s: &ClusterSecret, e: &Envelope<'_>) -> Claim {
         let mut h = HeaderMap::new();
-        s.sign_headers(&mut h, 7, "/a", b"body");
-        let claim = Claim::from_headers(&h, unix_ms()).expect("claim");
-        assert_eq!(claim.node, 7);
-        claim.verify(&s, "/a", b"body").expect("valid");
-        assert_eq!(claim.verify(&s, "/b", b"body"), Err(AuthError::BadSignature));
-        assert_eq!(claim.verify(&s, "/a", b"bodY"), Err(AuthError::BadSignature));
-        assert_eq!(claim.verify(&secret("other"), "/a", b"body"), Err(AuthError::BadSignature));
-        let forged = Claim { node: 8, ..claim };
-        assert_eq!(forged.verify(&s, "/a", b"body"), Err(AuthError::BadSignature));
+        s.sign_headers(&mut h, e);
+        Claim::from_headers(&h, unix_ms()).expect("claim")
     }
 
     #[test]
-    fn test_stale_and_missing_headers_are_refused() {
+    fn test_request_signature_binds_method_path_node_nonce_and_body() {
+        let s = secret("k");
+        let nonce = Nonce::random();
+        let claim = signed(&s, &request("/a", 7, nonce, b"body"));
+        assert_eq!((claim.node, claim.nonce), (7, nonce));
+        claim.verify_request(&s, "POST", "/a").expect("valid");
+        claim.check_body(b"body").expect("body");
+        assert_eq!(claim.verify_request(&s, "POST", "/b"), Err(AuthError::BadSignature));
+        assert_eq!(claim.verify_request(&s, "PUT", "/a"), Err(AuthError::BadSignature));
+        assert_eq!(claim.verify_request(&secret("other"), "POST", "/a"), Err(AuthError::BadSignature));
+        assert_eq!(claim.check_body(b"bodY"), Err(AuthError::BodyMismatch));
+        assert_eq!(claim.check_body(b"body!"), Err(AuthError::BodyMismatch));
+        for forged in [
+            Claim { node: 8, ..claim.clone() },
+            Claim { nonce: Nonce::random(), ..claim.clone() },
+            Claim { ts: claim.ts + 1, ..claim.clone() },
+            Claim { body: BodyDigest::of(b"other"), ..claim.clone() },
+        ] {
+            assert_eq!(forged.verify_request(&s, "POST", "/a"), Err(AuthError::BadSignature));
+        }
+    }
+
+    #[test]
+    fn test_directions_are_separate_domains() {
+        let s = secret("k");
+        let nonce = Nonce::random();
+        // A response signed by node 1 for a request to /a carrying `nonce`...
+        let resp = Envelope { direction: Direction::Response { status: 200 }, ..request("/a", 1, nonce, b"x") };
+        let claim = signed(&s, &resp);
+        claim.verify_response(&s, 200, "/a", nonce).expect("valid response");
+        // ...is no request, whatever method is assumed (a refusal's headers are no oracle either).
+        for method in ["POST", "200", ""] {
+            assert_eq!(claim.verify_request(&s, method, "/a"), Err(AuthError::BadSignature));
+        }
+        // ...answers only that request, with that status.
+        assert_eq!(claim.verify_response(&s, 200, "/a", Nonce::random()), Err(AuthError::BadSignature));
+        assert_eq!(claim.verify_response(&s, 401, "/a", nonce), Err(AuthError::BadSignature));
+        // And a request is no response, even to itself.
+        let req = signed(&s, &request("/a", 1, nonce, b"x"));
+        assert_eq!(req.verify_response(&s, 200, "/a", nonce), Err(AuthError::BadSignature));
+    }
+
+    #[test]
+    fn test_stale_missing_and_malformed_headers_are_refused() {
         let s = secret("k");
         let mut h = HeaderMap::new();
-        s.sign_headers(&mut h, 1, "/a", b"");
+        s.sign_headers(&mut h, &request("/a", 1, Nonce::random(), b""));
         let later = unix_ms() + MAX_SKEW.as_millis() as u64 + 5_000;
         assert!(matches!(Claim::from_headers(&h, later), Err(AuthError::Stale { .. })));
-        h.remove(HEADER_SIG);
-        assert_eq!(Claim::from_headers(&h, unix_ms()).err(), Some(AuthError::Missing(HEADER_SIG)));
+        for name in SIGNATURE_HEADERS {
+            let mut without = h.clone();
+            without.remove(name);
+            assert_eq!(Claim::from_headers(&without, unix_ms()).err(), Some(AuthError::Missing(name)));
+        }
+        h.insert(HEADER_NONCE, HeaderValue::from_static("abcd"));
+        assert_eq!(Claim::from_headers(&h, unix_ms()).err(), Some(AuthError::Malformed(HEADER_NONCE)));
         assert!(ClusterSecret::new(b"").is_err());
         assert_eq!(format!("{s:?}"), "ClusterSecret(..)");
+    }
+
+    #[test]
+    fn test_hex_round_trips() {
+        let n = Nonce([0xab; 16]);
+        assert_eq!(Nonce::from_hex(&n.to_hex()), Some(n));
+        assert_eq!(Nonce::from_hex(&n.to_hex().to_uppercase()), Some(n));
+        assert_eq!(Nonce::from_hex("zz"), None);
+        assert_eq!(unhex::<1>("g0"), None);
     }
 }

@@ -43,6 +43,14 @@ pub enum TransportError {
         #[source]
         source: AuthError,
     },
+    /// The answer lacks this protocol version's marker: the node runs another release (or something
+    /// else listens at its address). Nothing in it was trusted.
+    #[error(
+        "node {node} answered HTTP {status} for cluster protocol version {}, this node speaks {}: every node must run the same release",
+        theirs.as_deref().unwrap_or("(none)"),
+        super::wire::PROTOCOL_VERSION
+    )]
+    Protocol { node: NodeId, status: u16, theirs: Option<String> },
     #[error("encoding a request: {0}")]
     Encode(#[source] postcard::Error),
     #[error("undecodable answer from node {node}: {msg}")]
@@ -82,6 +90,7 @@ impl TransportError {
             TransportError::Http { .. } => "http",
             TransportError::Remote { failure, .. } => failure.label(),
             TransportError::ResponseAuth { .. } => "response_auth",
+            TransportError::Protocol { .. } => "protocol_version",
             TransportError::Encode(_) => "encode",
             TransportError::Decode { .. } => "decode",
             TransportError::InvalidName(_) => "invalid_name",

@@ -1,36 +1,39 @@
 //! The receiving side: [`RaftRpcService`] authenticates a request, then hands it to the local Raft
 //! group of its shard ([`LocalGroups`]) or to the handler registered for a call name
-//! ([`CallHandlers`]); [`serve`] runs it on an HTTP/2 (h2c) listener.
+//! ([`CallHandlers`]); [`super::listen::serve`] runs it on an HTTP/2 (h2c) listener.
 //!
-//! Order of checks, cheapest and least trusting first: method and path, signature headers and clock
-//! skew (before the body is read), body size limit and read timeout, MAC over the body, and only then
-//! decoding. A stranger costs us a header parse, never a postcard decode or a Raft message.
+//! Order of checks, cheapest and least trusting first, and nothing read before it is needed:
+//! 1. method and path (and the protocol version in it);
+//! 2. signature headers: presence, syntax, clock skew, then the MAC over the headers (constant time),
+//!    which covers the body's declared length and digest;
+//! 3. the nonce against the replay cache ([`NonceCache`]);
+//! 4. only now the body: at most its declared length (itself at most the endpoint's limit), within
+//!    the read timeout, then compared with the declared digest;
+//! 5. decoding and dispatch.
+//!
+//! A refusal in steps 1–4 is answered **unsigned**: a stranger learns a status code and nothing a
+//! member would accept. Only the answer to an authenticated request is signed, over the request's
+//! nonce, so it verifies as that answer and as nothing else.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-use super::auth::{unix_ms, Claim, ClusterSecret};
+use super::auth::{unix_ms, AuthError, BodyDigest, Claim, ClusterSecret, Direction, Envelope, Nonce};
+use super::replay::NonceCache;
 use super::wire::{self, Endpoint, RaftKind, RpcFailure, ShardRequest};
 use super::TransportConfig;
 use crate::ids::{NodeId, ShardId};
 use crate::shard::types::{Raft, Snapshot};
-
-/// How long [`serve`] waits, once stopped, for in-flight requests before closing connections.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The Raft groups this node hosts, by shard. The shard layer registers a group once it is built and
 /// unregisters it when the replica leaves this node; requests for other shards are answered
@@ -69,7 +72,7 @@ pub struct CallError(pub String);
 
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Bytes, CallError>> + Send>>;
 
-/// A handler of `POST /cluster/v1/call/{name}`: the authenticated caller's node id and the request
+/// A handler of `POST /cluster/v2/call/{name}`: the authenticated caller's node id and the request
 /// bytes in, the answer bytes out.
 pub type CallHandler = Arc<dyn Fn(NodeId, Bytes) -> CallFuture + Send + Sync>;
 
@@ -104,7 +107,7 @@ impl CallHandlers {
     }
 }
 
-/// The hyper service of the cluster endpoints. Cheap to clone (one `Arc`).
+/// The cluster endpoints' request handling, shared by every connection. Cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct RaftRpcService {
     inner: Arc<Inner>,
@@ -116,112 +119,219 @@ struct Inner {
     config: TransportConfig,
     groups: LocalGroups,
     handlers: CallHandlers,
+    nonces: NonceCache,
 }
+
+/// Why a request is refused before it is known to come from a member: answered unsigned.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("method {0} not allowed")]
+    Method(Method),
+    #[error("no such endpoint")]
+    NotFound,
+    #[error("request for another protocol version")]
+    Version,
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+}
+
+impl Refusal {
+    /// The one place refusals become protocol errors. Authentication failures all read
+    /// "unauthorized": the reason is logged here, never told to the sender.
+    fn failure(&self) -> RpcFailure {
+        match self {
+            Refusal::Method(_) => RpcFailure::MethodNotAllowed,
+            Refusal::NotFound => RpcFailure::NotFound,
+            Refusal::Version => RpcFailure::ProtocolVersion { ours: wire::PROTOCOL_VERSION },
+            Refusal::Auth(_) => RpcFailure::Unauthorized,
+        }
+    }
+
+    /// Metrics label: why, for operators (a closed set; the sender only ever sees the failure).
+    fn label(&self) -> &'static str {
+        match self {
+            Refusal::Method(_) => "method",
+            Refusal::NotFound => "not_found",
+            Refusal::Version => "protocol_version",
+            Refusal::Auth(e) => match e {
+                AuthError::Missing(_) => "missing",
+                AuthError::Malformed(_) => "malformed",
+                AuthError::Stale { .. } => "stale",
+                AuthError::BadSignature | AuthError::WrongNode { .. } => "bad_signature",
+                AuthError::BodyMismatch => "body_mismatch",
+                AuthError::Replayed => "replayed",
+                AuthError::Forgotten => "forgotten",
+                AuthError::TooManySenders => "too_many_senders",
+            },
+        }
+    }
+}
+
+/// What became of a request.
+enum Outcome {
+    /// Not proven to come from a member (or tampered with): an unsigned refusal.
+    Refused(Refusal),
+    /// From member `from`: the answer is signed over the request's `nonce`.
+    Answered { from: NodeId, nonce: Nonce, result: Result<Bytes, RpcFailure> },
+}
+
+/// The last time a request of another protocol version was logged at `warn` (Unix ms): once a
+/// minute is enough to say "mixed versions", and strangers cannot flood the log with it.
+static LAST_VERSION_WARNING: AtomicU64 = AtomicU64::new(0);
 
 impl RaftRpcService {
     pub fn new(config: TransportConfig, groups: LocalGroups, handlers: CallHandlers) -> RaftRpcService {
-        let inner = Inner { node_id: config.node_id, secret: config.secret.clone(), config, groups, handlers };
+        let inner = Inner {
+            node_id: config.node_id,
+            secret: config.secret.clone(),
+            config,
+            groups,
+            handlers,
+            nonces: NonceCache::default(),
+        };
         RaftRpcService { inner: Arc::new(inner) }
     }
 
     pub fn config(&self) -> &TransportConfig {
         &self.inner.config
     }
-}
 
-impl hyper::service::Service<Request<Incoming>> for RaftRpcService {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(async move { Ok(inner.handle(req).await) })
+    /// Handles one request; `proven` is called once it is known to come from a member (the listener
+    /// then counts its connection as authenticated).
+    pub async fn handle(&self, req: Request<Incoming>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
+        self.inner.handle(req, proven).await
     }
 }
 
 impl Inner {
-    async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(&self, req: Request<Incoming>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let endpoint = Endpoint::parse(&path);
         let kind = endpoint.as_ref().map_or("unknown", Endpoint::label);
-        let (from, result) = self.dispatch(req, endpoint).await;
-        let from = from.map_or_else(|| "unknown".to_string(), |n| n.to_string());
+        let outcome = self.dispatch(req, endpoint, proven).await;
+        let from = match &outcome {
+            Outcome::Answered { from, .. } => from.to_string(),
+            Outcome::Refused(_) => "unknown".to_string(),
+        };
         metrics::counter!("twinhub_rpc_server_requests_total", "kind" => kind, "peer" => from.clone()).increment(1);
         metrics::histogram!("twinhub_rpc_server_latency_seconds", "kind" => kind).record(start.elapsed().as_secs_f64());
-        let (status, body) = match result {
-            Ok(body) => (StatusCode::OK, body),
-            Err(failure) => {
-                metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from.clone(), "error" => failure.label())
-                    .increment(1);
-                if failure == RpcFailure::Unauthorized {
-                    tracing::debug!(%path, from, "cluster request refused: unauthorized");
-                } else {
-                    tracing::debug!(%path, from, "cluster request failed: {failure}");
-                }
-                // Encoding our own enum into a Vec cannot fail; an empty body would still carry the status.
-                (failure.status(), Bytes::from(wire::encode(&failure).unwrap_or_default()))
-            }
+        let error = |failure: &RpcFailure| {
+            metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from.clone(), "error" => failure.label())
+                .increment(1);
         };
-        self.respond(status, &path, body)
+        match outcome {
+            Outcome::Refused(refusal) => {
+                let failure = refusal.failure();
+                error(&failure);
+                metrics::counter!("twinhub_rpc_server_refused_total", "reason" => refusal.label()).increment(1);
+                self.log_refusal(&path, &refusal);
+                unsigned(failure)
+            }
+            Outcome::Answered { from: node, nonce, result } => {
+                let (status, body) = match result {
+                    Ok(body) => (StatusCode::OK, body),
+                    Err(failure) => {
+                        error(&failure);
+                        tracing::debug!(%path, from = node, "cluster request failed: {failure}");
+                        (failure.status(), encode_failure(&failure))
+                    }
+                };
+                self.signed(status, &path, nonce, body)
+            }
+        }
     }
 
-    /// Signs the answer as this node so the caller knows who answered.
-    fn respond(&self, status: StatusCode, path: &str, body: Bytes) -> Response<Full<Bytes>> {
+    fn log_refusal(&self, path: &str, refusal: &Refusal) {
+        if matches!(refusal, Refusal::Version) {
+            let now = unix_ms();
+            let last = LAST_VERSION_WARNING.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= 60_000
+                && LAST_VERSION_WARNING.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            {
+                tracing::warn!(
+                    %path,
+                    ours = wire::PROTOCOL_VERSION,
+                    "cluster request for another protocol version: every node must run the same release"
+                );
+                return;
+            }
+        }
+        tracing::debug!(%path, "cluster request refused: {refusal}");
+    }
+
+    /// An answer signed as this node, bound to the request's nonce, status and path.
+    fn signed(&self, status: StatusCode, path: &str, nonce: Nonce, body: Bytes) -> Response<Full<Bytes>> {
         let mut resp = Response::new(Full::new(Bytes::new()));
-        self.secret.sign_headers(resp.headers_mut(), self.node_id, path, &body);
-        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
+        let envelope = Envelope {
+            direction: Direction::Response { status: status.as_u16() },
+            path,
+            node: self.node_id,
+            ts: unix_ms(),
+            nonce,
+            body: BodyDigest::of(&body),
+        };
+        self.secret.sign_headers(resp.headers_mut(), &envelope);
+        common_headers(&mut resp);
         *resp.status_mut() = status;
         *resp.body_mut() = Full::new(body);
         resp
     }
 
-    /// Authenticates and runs a request; also returns the caller's node id once it is proven.
-    async fn dispatch(
-        &self,
-        req: Request<Incoming>,
-        endpoint: Option<Endpoint>,
-    ) -> (Option<NodeId>, Result<Bytes, RpcFailure>) {
-        if req.method() != Method::POST {
-            return (None, Err(RpcFailure::MethodNotAllowed));
-        }
-        let Some(endpoint) = endpoint else {
-            return (None, Err(RpcFailure::NotFound));
-        };
-        let claim = match Claim::from_headers(req.headers(), unix_ms()) {
+    /// Authenticates and runs a request.
+    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, proven: impl FnOnce()) -> Outcome {
+        let (claim, endpoint) = match self.authenticate(&req, endpoint) {
             Ok(c) => c,
-            Err(e) => {
-                tracing::debug!("refusing cluster request: {e}");
-                return (None, Err(RpcFailure::Unauthorized));
-            }
+            Err(r) => return Outcome::Refused(r),
         };
+        proven();
+        let (from, nonce) = (claim.node, claim.nonce);
+        let answered = |result| Outcome::Answered { from, nonce, result };
         let limit = self.config.limits.for_endpoint(&endpoint);
-        let path = endpoint.path();
-        let body = match self.read_body(req.into_body(), limit).await {
-            Ok(b) => b,
-            Err(f) => return (None, Err(f)),
-        };
-        if let Err(e) = claim.verify(&self.secret, &path, &body) {
-            tracing::debug!(claimed = claim.node, "refusing cluster request: {e}");
-            return (None, Err(RpcFailure::Unauthorized));
+        if claim.body.len > limit as u64 {
+            return answered(Err(RpcFailure::TooLarge { limit: limit as u64 }));
         }
-        let from = claim.node;
+        let body = match self.read_body(req.into_body(), claim.body.len as usize).await {
+            Ok(b) => b,
+            Err(f) => return answered(Err(f)),
+        };
+        if let Err(e) = claim.check_body(&body) {
+            // The headers were a member's, the body is not the one it signed: tampered in transit.
+            return Outcome::Refused(Refusal::Auth(e));
+        }
         let result = match endpoint {
             Endpoint::Raft(kind) => self.raft(kind, &body).await,
             Endpoint::Call(name) => self.call(&name, from, body).await,
         };
-        (Some(from), result)
+        answered(result)
     }
 
-    async fn read_body(&self, body: Incoming, limit: usize) -> Result<Bytes, RpcFailure> {
-        match tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, limit).collect()).await {
+    /// Steps 1–3 of the module doc: everything that needs no body.
+    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<Endpoint>) -> Result<(Claim, Endpoint), Refusal> {
+        if req.method() != Method::POST {
+            return Err(Refusal::Method(req.method().clone()));
+        }
+        let Some(endpoint) = endpoint else {
+            return Err(if wire::other_version(req.uri().path()) { Refusal::Version } else { Refusal::NotFound });
+        };
+        let now = unix_ms();
+        let claim = Claim::from_headers(req.headers(), now)?;
+        claim.verify_request(&self.secret, Method::POST.as_str(), &endpoint.path())?;
+        // Only after the MAC: nobody without the secret can put anything in the cache.
+        self.nonces.admit(claim.node, claim.ts, claim.nonce, now)?;
+        Ok((claim, endpoint))
+    }
+
+    /// Reads exactly the declared `len` bytes at most: a longer body is cut off there and refused, a
+    /// shorter one fails the digest check.
+    async fn read_body(&self, body: Incoming, len: usize) -> Result<Bytes, RpcFailure> {
+        match tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, len).collect()).await {
             Err(_) => {
                 Err(RpcFailure::BadRequest(format!("body not received within {:?}", self.config.body_read_timeout)))
             }
             Ok(Ok(collected)) => Ok(collected.to_bytes()),
             Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                Err(RpcFailure::TooLarge { limit: limit as u64 })
+                Err(RpcFailure::BadRequest(format!("body longer than its declared {len} bytes")))
             }
             Ok(Err(e)) => Err(RpcFailure::BadRequest(format!("reading body: {e}"))),
         }
@@ -275,47 +385,21 @@ impl Inner {
     }
 }
 
-/// Serves the cluster endpoints on an already-bound listener (tests bind port 0) until `stop` is
-/// cancelled; then stops accepting and lets open connections finish their requests (bounded wait).
-/// HTTP/2 only, without TLS (prior knowledge): members authenticate every message, see the module
-/// doc of [`super`] for what that does and does not protect.
-pub async fn serve(listener: TcpListener, service: RaftRpcService, stop: CancellationToken) {
-    let config = service.config().clone();
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(config.h2_stream_window)
-        .initial_connection_window_size(config.h2_connection_window)
-        .max_frame_size(config.h2_max_frame)
-        .max_concurrent_streams(config.h2_max_concurrent_streams)
-        .keep_alive_interval(config.keepalive)
-        .keep_alive_timeout(config.keepalive);
-    let graceful = GracefulShutdown::new();
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Usually EMFILE: back off rather than spin.
-                    tracing::warn!("cluster accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = stop.cancelled() => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let conn = builder.serve_connection(TokioIo::new(tcp), service.clone());
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, "cluster connection ended: {e}");
-            }
-        });
-    }
-    drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("cluster connections still open after {DRAIN_TIMEOUT:?}; closing"),
-    }
+/// Headers of every answer, signed or not.
+fn common_headers(resp: &mut Response<Full<Bytes>>) {
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
+    resp.headers_mut().insert(wire::HEADER_PROTO, HeaderValue::from(wire::PROTOCOL_VERSION));
+}
+
+/// A refusal without any signature header: the status and the failure code, nothing to replay.
+fn unsigned(failure: RpcFailure) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(encode_failure(&failure)));
+    common_headers(&mut resp);
+    *resp.status_mut() = failure.status();
+    resp
+}
+
+/// Encoding our own enum into a Vec cannot fail; an empty body would still carry the status.
+fn encode_failure(failure: &RpcFailure) -> Bytes {
+    Bytes::from(wire::encode(failure).unwrap_or_default())
 }

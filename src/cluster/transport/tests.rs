@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2;
-use hyper::header::HeaderValue;
-use hyper::{Method, Request, StatusCode};
+use hyper::{HeaderMap, Method, Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::RPCError;
@@ -22,9 +21,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{self, unix_ms, HEADER_NODE, HEADER_SIG, HEADER_TS};
+use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, SIGNATURE_HEADERS};
 use super::*;
 use crate::model::{AuthSpec, Command, DeviceSpec, Op, Reply, Status};
+use crate::net::{ConnGate, ListenerLimits};
 use crate::shard::log_store::LogStore;
 use crate::shard::network::{NetworkFactory, ShardRouter};
 use crate::shard::state_machine::{SharedState, StateMachine};
@@ -47,12 +47,25 @@ fn transport(id: NodeId) -> Transport {
     transport_with(id, SECRET)
 }
 
+/// A connection gate that only a flood would fill.
+fn gate() -> Arc<ConnGate> {
+    ConnGate::new(
+        "cluster-test",
+        ListenerLimits {
+            max_connections: 1024,
+            max_per_source: 0,
+            max_unauthenticated: 256,
+            max_unauthenticated_per_source: 0,
+        },
+    )
+}
+
 /// Serves `t` on a fresh loopback port.
 async fn start_server(t: &Transport) -> (String, CancellationToken, JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, t.service(), stop.clone()));
+    let server = tokio::spawn(serve(listener, t.service(), gate(), WAIT, stop.clone()));
     (addr, stop, server)
 }
 
@@ -262,20 +275,57 @@ async fn test_three_replicas_replicate_fail_over_and_catch_up_by_snapshot() {
     }
 }
 
+/// What a raw request got back.
+struct RawAnswer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl RawAnswer {
+    fn is_unsigned(&self) -> bool {
+        SIGNATURE_HEADERS.iter().all(|h| !self.headers.contains_key(*h))
+    }
+}
+
 /// Posts a raw HTTP/2 request (our own headers, no client-side signing).
-async fn raw_post(addr: &str, path: &str, headers: &[(&'static str, String)], body: Vec<u8>) -> (StatusCode, Bytes) {
+async fn raw_post(addr: &str, path: &str, headers: &HeaderMap, body: Vec<u8>) -> RawAnswer {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("handshake");
     tokio::spawn(conn);
     let mut req = Request::new(Full::new(Bytes::from(body)));
     *req.method_mut() = Method::POST;
     *req.uri_mut() = format!("http://{addr}{path}").parse().expect("uri");
-    for (k, v) in headers {
-        req.headers_mut().insert(*k, HeaderValue::from_str(v).expect("header"));
-    }
+    *req.headers_mut() = headers.clone();
     let resp = sender.send_request(req).await.expect("send");
-    let status = resp.status();
-    (status, resp.into_body().collect().await.expect("body").to_bytes())
+    let (parts, body) = resp.into_parts();
+    RawAnswer { status: parts.status, headers: parts.headers, body: body.collect().await.expect("body").to_bytes() }
+}
+
+/// The signature headers of a request from `node`, with the given timestamp, for `digest_of`.
+fn signed(s: &[u8], node: NodeId, path: &str, ts: u64, digest_of: &[u8]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let e = Envelope {
+        direction: Direction::Request { method: "POST" },
+        path,
+        node,
+        ts,
+        nonce: Nonce::random(),
+        body: BodyDigest::of(digest_of),
+    };
+    secret(s).sign_headers(&mut h, &e);
+    h
+}
+
+/// Registers `count`, answering `counted`, and returns how often it ran.
+fn count_calls(t: &Transport) -> Arc<AtomicUsize> {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    t.handlers().register("count", move |_, _| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Ok(Bytes::from_static(b"counted")) }
+    });
+    calls
 }
 
 fn vote_req(term: u64, node: NodeId) -> VoteRequest<TypeConfig> {
@@ -285,12 +335,7 @@ fn vote_req(term: u64, node: NodeId) -> VoteRequest<TypeConfig> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     let node = TestNode::start(1).await;
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    node.transport.handlers().register("count", move |_, _| {
-        c.fetch_add(1, Ordering::SeqCst);
-        async { Ok(Bytes::new()) }
-    });
+    let calls = count_calls(&node.transport);
     let term = || node.raft.metrics().borrow_watched().current_term;
     assert_eq!(term(), 0);
 
@@ -302,27 +347,35 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     let err = stranger.call(1, "count", Bytes::from_static(b"x"), None).await.expect_err("stranger");
     assert!(matches!(err, TransportError::Remote { failure: RpcFailure::Unauthorized, .. }), "{err}");
 
-    // Correctly signed but 2 minutes old: refused.
+    // Correctly signed but 2 minutes old: refused, unsigned.
     let path = Endpoint::Raft(RaftKind::Vote).path();
     let body = wire::encode(&wire::ShardRequest { shard: 0, rpc: vote_req(5, 2) }).expect("encode");
-    let old = unix_ms() - 120_000;
-    let sig = secret(SECRET).sign(2, old, &path, &body);
-    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, old.to_string()), (HEADER_SIG, sig)];
-    let (status, _) = raw_post(&node.addr, &path, &headers, body.clone()).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let old = signed(SECRET, 2, &path, unix_ms() - 120_000, &body);
+    let answer = raw_post(&node.addr, &path, &old, body.clone()).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(answer.is_unsigned(), "a refusal must not be signed: {:?}", answer.headers);
 
     // Garbage under a bad signature is refused as unauthorized, not as undecodable: nothing was decoded.
-    let now = unix_ms();
-    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, now.to_string()), (HEADER_SIG, "AAAA".to_string())];
-    let (status, answer) = raw_post(&node.addr, &path, &headers, b"\xff\xff\xff garbage".to_vec()).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(RpcFailure::from_body(status, &answer), RpcFailure::Unauthorized);
+    let mut bad = signed(SECRET, 2, &path, unix_ms(), b"\xff\xff\xff garbage");
+    bad.insert(auth::HEADER_SIG, "AAAA".parse().expect("header"));
+    let answer = raw_post(&node.addr, &path, &bad, b"\xff\xff\xff garbage".to_vec()).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::Unauthorized);
+    assert!(answer.is_unsigned());
     // Signed for another path: refused.
-    let sig = secret(SECRET).sign(2, now, "/cluster/v1/raft/prevote", &body);
-    let headers = [(HEADER_NODE, "2".to_string()), (HEADER_TS, now.to_string()), (HEADER_SIG, sig)];
-    assert_eq!(raw_post(&node.addr, &path, &headers, body.clone()).await.0, StatusCode::UNAUTHORIZED);
+    let other = signed(SECRET, 2, "/cluster/v2/raft/prevote", unix_ms(), &body);
+    assert_eq!(raw_post(&node.addr, &path, &other, body.clone()).await.status, StatusCode::UNAUTHORIZED);
+    // A valid header MAC over another body: refused once the body is read, and unsigned.
+    let mut tampered = body.clone();
+    tampered[0] ^= 1;
+    let answer = raw_post(&node.addr, &path, &signed(SECRET, 2, &path, unix_ms(), &body), tampered).await;
+    assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
+    assert!(answer.is_unsigned());
     // Missing headers: refused.
-    assert_eq!(raw_post(&node.addr, &path, &[], body).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(raw_post(&node.addr, &path, &HeaderMap::new(), body.clone()).await.status, StatusCode::UNAUTHORIZED);
+    // Version 1 paths: refused as another protocol version.
+    let answer = raw_post(&node.addr, "/cluster/v1/raft/vote", &HeaderMap::new(), body).await;
+    assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::ProtocolVersion { ours: 2 });
 
     assert_eq!(term(), 0, "a refused request reached Raft");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "a refused call reached its handler");
@@ -382,7 +435,7 @@ async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
     let peer = transport(9);
     peer.handlers().register("ping", |_, _| async { Ok(Bytes::from_static(b"pong")) });
     let stop = CancellationToken::new();
-    let server = tokio::spawn(serve(listener, peer.service(), stop.clone()));
+    let server = tokio::spawn(serve(listener, peer.service(), gate(), WAIT, stop.clone()));
     let deadline = Instant::now() + WAIT;
     let answer = loop {
         match t.call(9, "ping", Bytes::new(), None).await {
@@ -525,4 +578,88 @@ async fn test_connect_outliving_short_deadlines_still_starts_backoff() {
     assert!(matches!(err, TransportError::Backoff { failures: 1, .. }), "{err} (fillers: {})", fillers.len());
     assert!(start.elapsed() < short);
     drop((listener, fillers));
+}
+
+/// A captured request works once; sent again byte for byte it is refused, and so is its answer sent as
+/// a request. The answer verifies only as the answer to that request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_replayed_request_and_reflected_answer_are_refused() {
+    let server_t = transport(1);
+    let calls = count_calls(&server_t);
+    let (addr, stop, server) = start_server(&server_t).await;
+    let path = Endpoint::Call("count".into()).path();
+    let headers = signed(SECRET, 2, &path, unix_ms(), b"hi");
+    let first = raw_post(&addr, &path, &headers, b"hi".to_vec()).await;
+    assert_eq!((first.status, &first.body[..]), (StatusCode::OK, &b"counted"[..]));
+    let claim = auth::Claim::from_headers(&first.headers, unix_ms()).expect("signed answer");
+    let nonce = auth::Claim::from_headers(&headers, unix_ms()).expect("request").nonce;
+    claim.verify_response(&secret(SECRET), 200, &path, nonce).expect("the answer to our request");
+    assert!(claim.verify_response(&secret(SECRET), 200, &path, Nonce::random()).is_err());
+
+    let again = raw_post(&addr, &path, &headers, b"hi".to_vec()).await;
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED);
+    assert!(again.is_unsigned());
+    let reflected = raw_post(&addr, &path, &first.headers, first.body.to_vec()).await;
+    assert_eq!(reflected.status, StatusCode::UNAUTHORIZED);
+    assert!(reflected.is_unsigned());
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "only the first copy may run");
+    stop.cancel();
+    server.await.expect("server");
+}
+
+/// The gate bounds unauthenticated connections, which are closed when they prove nothing in time; a
+/// member's connection authenticates and frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_unauthenticated_connections_are_bounded_and_timed_out() {
+    use tokio::io::AsyncReadExt;
+    let server_t = transport(1);
+    server_t.handlers().register("ping", |_, _| async { Ok(Bytes::from_static(b"pong")) });
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let gate = ConnGate::new(
+        "cluster-test",
+        ListenerLimits { max_connections: 8, max_per_source: 0, max_unauthenticated: 2, max_unauthenticated_per_source: 0 },
+    );
+    let stop = CancellationToken::new();
+    let auth_timeout = Duration::from_millis(500);
+    let server = tokio::spawn(serve(listener, server_t.service(), gate.clone(), auth_timeout, stop.clone()));
+
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(TcpStream::connect(&addr).await.expect("connect"));
+    }
+    // The third stranger is closed at once: it reads EOF (or a reset), well before the timeout.
+    let mut third = TcpStream::connect(&addr).await.expect("connect");
+    let mut buf = [0u8; 64];
+    let start = Instant::now();
+    let n = tokio::time::timeout(WAIT, third.read(&mut buf)).await.expect("closed").unwrap_or(0);
+    assert_eq!(n, 0, "the connection over the bound was served");
+    // The two idle ones are closed once their time is up (after the server's SETTINGS frame).
+    for mut s in idle {
+        let closed = async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        };
+        tokio::time::timeout(WAIT, closed).await.expect("idle stranger closed");
+    }
+    assert!(start.elapsed() >= auth_timeout - Duration::from_millis(100), "closed after {:?}", start.elapsed());
+    let deadline = Instant::now() + WAIT;
+    while gate.open() > 0 {
+        assert!(Instant::now() < deadline, "slots not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A member gets in, stays past the timeout, and holds no unauthenticated slot.
+    let client = transport(2);
+    client.peers().set(1, addr);
+    assert_eq!(&client.call(1, "ping", Bytes::new(), None).await.expect("ping")[..], b"pong");
+    tokio::time::sleep(auth_timeout * 2).await;
+    assert_eq!(&client.call(1, "ping", Bytes::new(), None).await.expect("ping")[..], b"pong");
+    assert_eq!((gate.open(), gate.unauthenticated()), (1, 0));
+    assert_eq!(client.peers().get(1).expect("peer").connections_opened(), 1);
+    stop.cancel();
+    server.await.expect("server");
 }

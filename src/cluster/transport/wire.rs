@@ -1,9 +1,16 @@
 //! What travels between nodes: endpoints, postcard envelopes and the failure body of a refused request.
 //!
-//! One endpoint per RPC kind (`POST /cluster/v1/raft/{append|vote|prevote|snapshot|transfer-leader}`)
-//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v1/call/{name}` for
+//! One endpoint per RPC kind (`POST /cluster/v2/raft/{append|vote|prevote|snapshot|transfer-leader}`)
+//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v2/call/{name}` for
 //! anything else a node asks another (request forwarding). Bodies are postcard: compact, and every
 //! payload of ours is postcard-safe (JSON documents travel as strings).
+//!
+//! # Versions
+//! [`PROTOCOL_VERSION`] is in every path, in the signature domains (see [`super::auth`]) and in the
+//! [`HEADER_PROTO`] header of every answer, so nodes of different versions refuse each other at once
+//! and say why ([`RpcFailure::ProtocolVersion`], `TransportError::Protocol`) rather than half-work.
+//! Version 2 signs requests and responses in separate domains, with nonces, and the body's length and
+//! digest in the headers; version 1 nodes cannot talk to it.
 
 use std::borrow::Cow;
 
@@ -14,8 +21,15 @@ use serde::{Deserialize, Serialize};
 use crate::ids::ShardId;
 use crate::shard::types::{SnapshotMeta, Vote};
 
-pub const RAFT_PREFIX: &str = "/cluster/v1/raft/";
-pub const CALL_PREFIX: &str = "/cluster/v1/call/";
+/// The inter-node protocol this build speaks; bump it with any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// Every answer (signed or not) says which protocol version the node speaks, for diagnosis only: it
+/// is not authenticated and decides nothing but the error message.
+pub const HEADER_PROTO: &str = "x-twinhub-proto";
+pub const RAFT_PREFIX: &str = "/cluster/v2/raft/";
+pub const CALL_PREFIX: &str = "/cluster/v2/call/";
+/// What every version's paths start with.
+const VERSIONED_PREFIX: &str = "/cluster/v";
 
 /// Longest name of a generic call; names are code-defined, this only bounds a hostile path.
 pub const MAX_CALL_NAME: usize = 64;
@@ -80,6 +94,11 @@ impl Endpoint {
     }
 }
 
+/// A cluster path of another protocol version: a node running a different release.
+pub fn other_version(path: &str) -> bool {
+    path.starts_with(VERSIONED_PREFIX) && !path.starts_with(&format!("{VERSIONED_PREFIX}{PROTOCOL_VERSION}/"))
+}
+
 /// Call names are path segments: ASCII letters, digits, `.`, `_`, `-`.
 pub fn valid_call_name(name: &str) -> bool {
     !name.is_empty()
@@ -132,6 +151,9 @@ pub enum RpcFailure {
     /// An answer whose body was not a failure we know (e.g. from a proxy); status and text.
     #[error("HTTP {status}: {text}")]
     Other { status: u16, text: String },
+    /// The request was for another protocol version than the one this node speaks.
+    #[error("this node speaks cluster protocol version {ours} only: every node must run the same version")]
+    ProtocolVersion { ours: u32 },
 }
 
 impl RpcFailure {
@@ -141,7 +163,7 @@ impl RpcFailure {
             RpcFailure::NotFound | RpcFailure::UnknownShard(_) | RpcFailure::NoHandler(_) => StatusCode::NOT_FOUND,
             RpcFailure::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             RpcFailure::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            RpcFailure::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RpcFailure::BadRequest(_) | RpcFailure::ProtocolVersion { .. } => StatusCode::BAD_REQUEST,
             RpcFailure::GroupStopped { .. } => StatusCode::SERVICE_UNAVAILABLE,
             RpcFailure::Handler(_) => StatusCode::INTERNAL_SERVER_ERROR,
             RpcFailure::Other { status, .. } => {
@@ -163,6 +185,7 @@ impl RpcFailure {
             RpcFailure::NoHandler(_) => "no_handler",
             RpcFailure::Handler(_) => "handler",
             RpcFailure::Other { .. } => "other",
+            RpcFailure::ProtocolVersion { .. } => "protocol_version",
         }
     }
 
@@ -207,10 +230,15 @@ mod tests {
         }
         let call = Endpoint::Call("twin.write".into());
         assert_eq!(Endpoint::parse(&call.path()), Some(call));
-        for bad in ["/cluster/v1/raft/nope", "/cluster/v1/call/", "/cluster/v1/call/a/b", "/cluster/v1/call/%20", "/x"]
+        for bad in ["/cluster/v2/raft/nope", "/cluster/v2/call/", "/cluster/v2/call/a/b", "/cluster/v2/call/%20", "/x"]
         {
             assert_eq!(Endpoint::parse(bad), None, "{bad}");
         }
+        // The version 1 paths are no endpoints any more, and are recognised as another version.
+        assert_eq!(Endpoint::parse("/cluster/v1/call/node.status"), None);
+        assert!(other_version("/cluster/v1/call/node.status") && other_version("/cluster/v3/raft/vote"));
+        assert!(!other_version("/cluster/v2/call/twin.write") && !other_version("/x"));
+        assert!(RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/")) && CALL_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/")));
     }
 
     #[test]

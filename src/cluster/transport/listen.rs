@@ -1,0 +1,134 @@
+//! [`serve`]: the inter-node listener. HTTP/2 only, without TLS (prior knowledge): members
+//! authenticate every message, see the module doc of [`super`] for what that does and does not protect.
+//!
+//! # What a stranger can make this hold
+//! Every accepted socket first takes a slot from the listener's [`ConnGate`] (refused, i.e. closed at
+//! once, when the listener or its source holds its maximum). The connection counts as
+//! *unauthenticated* until one of its requests passes the header MAC and the replay check; if none does
+//! within `auth_timeout` of the accept, the connection is closed, whatever it is doing. Its requests
+//! are refused before their bodies are read (see [`super::server`]), and what HTTP/2 buffers for a
+//! stream before the refusal is bounded by the receive windows ([`TransportConfig::h2_stream_window`],
+//! [`TransportConfig::h2_connection_window`]). Header lists are bounded, and PINGs find dead peers.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::server::RaftRpcService;
+use super::TransportConfig;
+use crate::net::{ConnGate, ConnPermit};
+
+/// How long [`serve`] waits, once stopped, for in-flight requests before closing connections.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The service of one connection: the shared request handling, plus the connection's gate slot, which
+/// the first authenticated request marks as such.
+#[derive(Clone)]
+struct ConnService {
+    service: RaftRpcService,
+    permit: Arc<Mutex<ConnPermit>>,
+}
+
+impl ConnService {
+    fn is_authenticated(&self) -> bool {
+        self.permit.lock().unwrap_or_else(|p| p.into_inner()).is_authenticated()
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let permit = this.permit.clone();
+            let proven = move || permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+            Ok(this.service.handle(req, proven).await)
+        })
+    }
+}
+
+fn builder(config: &TransportConfig) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(config.h2_stream_window)
+        .initial_connection_window_size(config.h2_connection_window)
+        .max_frame_size(config.h2_max_frame)
+        .max_concurrent_streams(config.h2_max_concurrent_streams)
+        .max_header_list_size(config.h2_max_header_list)
+        .keep_alive_interval(config.keepalive)
+        .keep_alive_timeout(config.keepalive);
+    builder
+}
+
+/// Resolves `auth_timeout` after the accept if the connection has not authenticated by then; never
+/// otherwise.
+async fn unauthenticated_deadline(conn: ConnService, auth_timeout: Duration) {
+    tokio::time::sleep(auth_timeout).await;
+    if conn.is_authenticated() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Serves the cluster endpoints on an already-bound listener (tests bind port 0) until `stop` is
+/// cancelled; then stops accepting and lets open connections finish their requests (bounded wait).
+/// `gate` bounds the connections (see the module doc); a connection that proves nothing within
+/// `auth_timeout` is closed.
+pub async fn serve(
+    listener: TcpListener,
+    service: RaftRpcService,
+    gate: Arc<ConnGate>,
+    auth_timeout: Duration,
+    stop: CancellationToken,
+) {
+    let builder = builder(service.config());
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (tcp, peer): (_, SocketAddr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Usually EMFILE: back off rather than spin.
+                    tracing::warn!("cluster accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        // A refused connection is closed at once (dropped), before any HTTP/2 work.
+        let Ok(permit) = gate.admit(peer.ip()) else { continue };
+        let _ = tcp.set_nodelay(true);
+        let conn_service = ConnService { service: service.clone(), permit: Arc::new(Mutex::new(permit)) };
+        let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(tcp), conn_service));
+        tokio::spawn(async move {
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(%peer, "cluster connection ended: {e}");
+                },
+                () = deadline => tracing::debug!(%peer, "cluster connection closed: not authenticated within {auth_timeout:?}"),
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("cluster connections still open after {DRAIN_TIMEOUT:?}; closing"),
+    }
+}
