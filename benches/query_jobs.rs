@@ -360,6 +360,33 @@ fn median(v: &[f64]) -> f64 {
 
 // ---------------------------------------------------------------------------------------------------
 
+/// Leader changes each Raft group has seen so far (`twinhub_shard_leader_changes_total` from every
+/// node's `/metrics`; each group's count is the highest any node reports, as every node sees every
+/// group with RF 3 on 3 nodes).
+async fn leader_changes(c: &Cluster) -> BTreeMap<String, u64> {
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for id in c.ids() {
+        let http = c.http_client(id, Duration::from_secs(10));
+        let url = format!("https://localhost:{}/metrics", c.node(id).http.port());
+        let Ok(r) = http.get(url).send().await else { continue };
+        let Ok(text) = r.text().await else { continue };
+        for line in text.lines().filter(|l| l.starts_with("twinhub_shard_leader_changes_total{")) {
+            let shard = line.split("shard=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?").to_string();
+            let n = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as u64;
+            let e = out.entry(shard).or_default();
+            *e = (*e).max(n);
+        }
+    }
+    out
+}
+
+/// `after - before` per group, and the total.
+fn changes_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (u64, BTreeMap<String, u64>) {
+    let per: BTreeMap<String, u64> =
+        after.iter().map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0)))).filter(|(_, v)| *v > 0).collect();
+    (per.values().sum(), per)
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         println!("query_jobs: run with `cargo bench --bench query_jobs` (nothing to do in test mode)");
@@ -397,6 +424,7 @@ async fn run() {
     let expected_count = (0..twins).filter(|i| battery(*i) < 20).count() as u64;
 
     // ---- Load
+    let lc_start = leader_changes(&c).await;
     let ld = load(&c, twins, job_twins, clients).await;
     let load_rate = twins as f64 / ld.secs;
     let retried: u64 = ld.errors.by_kind.values().sum();
@@ -488,6 +516,7 @@ async fn run() {
         "jobId": JOB_ID, "type": "scheduleUpdateTwin", "queryCondition": "tags.jobgroup = true",
         "updateTwin": {"properties": {"desired": {"fw": "2.0"}}}, "maxExecutionTimeInSeconds": 3600
     });
+    let lc_before_job = leader_changes(&c).await;
     let t_put = Instant::now();
     let r = api1.send("PUT", &format!("/jobs/v2/{JOB_ID}"), Some(&job), &[]).await;
     if r.status != 200 {
@@ -600,6 +629,10 @@ async fn run() {
         count_ms.iter().map(|v| v.round()).collect::<Vec<_>>()
     );
     println!("  job              {job_twins} devices in {job_secs:.1} s = {job_rate:.0} devices/s (throttled to 500/s by design)");
+    let lc_end = leader_changes(&c).await;
+    let (lc_job, lc_job_per) = changes_between(&lc_before_job, &lc_end);
+    let (lc_all, lc_all_per) = changes_between(&lc_start, &lc_end);
+    println!("  leader changes   during the job {lc_job} {lc_job_per:?} | from load to end {lc_all} {lc_all_per:?}");
     for (name, m) in [("RSS after load ", &mem_loaded), ("RSS after job  ", &mem_job)] {
         let parts: Vec<String> = m
             .as_array()
@@ -637,6 +670,7 @@ async fn run() {
             "secs": job_secs, "devices_per_sec": job_rate, "put_ms": put_ms, "running_after_s": running_s,
             "devices_counted_after_s": counted_s, "final": done, "polls": polls, "throttle_per_sec": 500,
         },
+        "leader_changes": {"during_job": lc_job, "during_job_per_group": lc_job_per, "load_to_end": lc_all, "load_to_end_per_group": lc_all_per},
         "memory": {"empty": mem_empty, "after_load": mem_loaded, "after_queries": mem_queried, "after_job": mem_job},
     });
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target").join("query_jobs.json");

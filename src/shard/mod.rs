@@ -10,6 +10,7 @@
 //! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
 //! - [`network`]: the per-node router every group shares; over the cluster transport when there is one.
 
+mod backoff;
 pub mod group_commit;
 pub mod log_store;
 pub mod network;
@@ -371,6 +372,8 @@ pub struct Shards {
     rings: tail::Rings,
     /// Shards with a membership change in progress on this node (their leader).
     changing: Mutex<HashSet<ShardId>>,
+    /// Leadership transfers tried per shard, backed off so the balancer never fights itself.
+    transfers: Mutex<backoff::TransferBackoff>,
     /// Serializes opening and closing groups.
     open_lock: tokio::sync::Mutex<()>,
 }
@@ -397,6 +400,7 @@ impl Shards {
             hints: Default::default(),
             rings: Default::default(),
             changing: Default::default(),
+            transfers: Default::default(),
             open_lock: Default::default(),
             config,
         };

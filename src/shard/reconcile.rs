@@ -42,6 +42,9 @@ pub const JOIN_CALL: &str = "cluster.join";
 /// that member's id yet; node ids are never this large).
 pub const JOIN_PEER: NodeId = NodeId::MAX;
 
+/// The backoff key of the metadata group's leadership (shard ids never reach it).
+const META_TRANSFER_KEY: ShardId = ShardId::MAX;
+
 /// Entries a replica may lag before it is given leadership.
 const CAUGHT_UP: u64 = 100;
 
@@ -215,7 +218,9 @@ impl Shards {
             Some(ChangeMembers::RemoveVoters([*v].into()))
         } else if voters.contains(&self.node_id) && !target.contains(&self.node_id) {
             if let Some(to) = target.iter().next() {
-                let _ = meta.raft.trigger().transfer_leader(*to).await;
+                if self.may_transfer(META_TRANSFER_KEY) {
+                    let _ = meta.raft.trigger().transfer_leader(*to).await;
+                }
             }
             None
         } else {
@@ -314,12 +319,20 @@ impl Shards {
             _ if !target.contains(&self.node_id) => target.iter().next().copied(),
             _ => None,
         };
-        if let Some(to) = to {
-            if st.lag.get(&to).is_some_and(|lag| *lag < CAUGHT_UP) {
-                tracing::info!(shard = shard.id, to, "moving leadership to its preferred replica");
-                let _ = shard.raft.trigger().transfer_leader(to).await;
-            }
+        let Some(to) = to else {
+            self.transfers.lock().unwrap_or_else(|e| e.into_inner()).settled(shard.id);
+            return;
+        };
+        if st.lag.get(&to).is_some_and(|lag| *lag < CAUGHT_UP) && self.may_transfer(shard.id) {
+            tracing::info!(shard = shard.id, to, "moving leadership to its preferred replica");
+            metrics::counter!("twinhub_shard_leader_transfers_total", "shard" => shard.id.to_string()).increment(1);
+            let _ = shard.raft.trigger().transfer_leader(to).await;
         }
+    }
+
+    /// Whether a leadership transfer of `shard` may be tried now (see [`super::backoff`]).
+    fn may_transfer(&self, shard: ShardId) -> bool {
+        self.transfers.lock().unwrap_or_else(|e| e.into_inner()).try_transfer(shard, std::time::Instant::now())
     }
 
     /// Runs one membership change of `shard` in the background (adding a learner waits for it to catch
