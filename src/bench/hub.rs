@@ -95,6 +95,16 @@ impl Hub {
     }
 }
 
+/// One device of a bulk creation: id, primary key (the caller's, so a retried call finds the same
+/// device), and optionally its tags and desired properties.
+#[derive(Clone, Debug)]
+pub struct BulkDevice {
+    pub id: String,
+    pub key: String,
+    pub tags: Option<Value>,
+    pub desired: Option<Value>,
+}
+
 pub struct HubClient {
     pub conn: HttpConn,
     auth: String,
@@ -137,19 +147,22 @@ impl HubClient {
             .ok_or_else(|| OpError::new("bad_response", "device without a primary key"))
     }
 
-    /// `POST /devices` (the bulk registry call) creating each `(id, primary key, tags)` entry, at most
+    /// `POST /devices` (the bulk registry call) creating each entry (with its tags and desired), at most
     /// 100. An entry answered `DeviceAlreadyExists` counts as created: it is what a retried call finds
     /// when the answer to the first attempt was lost (the keys are the caller's, so they match).
-    pub async fn bulk_create(&mut self, entries: &[(String, String, Option<Value>)]) -> Result<(), OpError> {
+    pub async fn bulk_create(&mut self, entries: &[BulkDevice]) -> Result<(), OpError> {
         let body: Vec<Value> = entries
             .iter()
-            .map(|(id, key, tags)| {
+            .map(|d| {
                 let mut e = serde_json::json!({
-                    "id": id, "importMode": "create", "status": "enabled",
-                    "authentication": {"type": "sas", "symmetricKey": {"primaryKey": key, "secondaryKey": key}},
+                    "id": d.id, "importMode": "create", "status": "enabled",
+                    "authentication": {"type": "sas", "symmetricKey": {"primaryKey": d.key, "secondaryKey": d.key}},
                 });
-                if let Some(t) = tags {
+                if let Some(t) = &d.tags {
                     e["tags"] = t.clone();
+                }
+                if let Some(v) = &d.desired {
+                    e["properties"] = serde_json::json!({ "desired": v });
                 }
                 e
             })

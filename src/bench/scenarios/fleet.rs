@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rumqttc::QoS;
 use serde_json::{json, Value};
 
-use crate::bench::hub::{Hub, HubClient};
+use crate::bench::hub::{BulkDevice, Hub, HubClient};
 use crate::bench::loadgen::{self, Outcome, Phases, Worker};
 use crate::bench::mqtt::{self, Endpoint, Msg};
 use crate::bench::progress::Extra;
@@ -152,7 +152,7 @@ impl Worker for Backend {
 }
 
 /// Devices per bulk registry call (IoT Hub's maximum).
-const BULK: usize = 100;
+pub const BULK: usize = 100;
 
 /// Creates `n` devices `fb0000000..` over HTTPS with the bulk registry call (100 per call, keys
 /// generated here), `concurrency` calls at a time; returns their primary keys.
@@ -172,8 +172,10 @@ pub async fn create_devices(hub: &Hub, n: usize, concurrency: usize, rec: Option
                     return Ok::<(), anyhow::Error>(());
                 }
                 let range = chunk * BULK..((chunk + 1) * BULK).min(n);
-                let entries: Vec<(String, String, Option<serde_json::Value>)> =
-                    range.clone().map(|i| (key_of(i), keys[i].clone(), None)).collect();
+                let entries: Vec<BulkDevice> = range
+                    .clone()
+                    .map(|i| BulkDevice { id: key_of(i), key: keys[i].clone(), tags: None, desired: None })
+                    .collect();
                 let mut last = None;
                 for _ in 0..5 {
                     let t0 = Instant::now();

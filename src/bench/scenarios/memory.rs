@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bench::loadgen;
 use crate::bench::procs;
 use crate::bench::scenarios::common::{write_json, Cluster};
 use crate::bench::targets::twinhub::Twinhub;
@@ -87,13 +86,66 @@ fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
         .collect()
 }
 
+/// Creates `keys` with one desired value each (`{"fb": value}`, as the update benches write) through
+/// bulk registry calls of 100, `concurrency` calls at a time. Returns (seconds, failed calls).
+async fn bulk_populate(hub: &crate::bench::hub::Hub, keys: &[String], value: SizeDist, concurrency: usize) -> anyhow::Result<(f64, u64)> {
+    use crate::bench::hub::BulkDevice;
+    use crate::bench::scenarios::fleet::BULK;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let started = Instant::now();
+    let chunks: Arc<Vec<Vec<String>>> = Arc::new(keys.chunks(BULK).map(<[String]>::to_vec).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..concurrency.min(chunks.len()).max(1) {
+        let (mut c, chunks, next, errors) = (hub.client(w), chunks.clone(), next.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(ids) = chunks.get(i) else { return };
+                let entries: Vec<BulkDevice> = ids
+                    .iter()
+                    .map(|id| {
+                        let v = crate::bench::value::make(0, 0, value.sample(&mut rng));
+                        let desired = serde_json::from_str::<Value>(&v).ok().map(|v| json!({"fb": v}));
+                        BulkDevice { id: id.clone(), key: crate::auth::generate_key(), tags: None, desired }
+                    })
+                    .collect();
+                let mut ok = false;
+                for attempt in 0..5 {
+                    match c.bulk_create(&entries).await {
+                        Ok(()) => {
+                            ok = true;
+                            break;
+                        }
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                eprintln!("bulk create from {}: {e} (attempt {})", ids[0], attempt + 1);
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                if !ok {
+                    eprintln!("bulk create from {} gave up", ids[0]);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    Ok((started.elapsed().as_secs_f64(), errors.load(Ordering::Relaxed)))
+}
+
 async fn run_on(o: &MemoryOpts, cluster: &mut crate::bench::peers::twinhub::TwinhubCluster) -> anyhow::Result<Value> {
     let pids = cluster.pids();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = per_node(&pids);
     let target = Twinhub { hub: cluster.hub.clone() };
     let keys: Arc<Vec<String>> = Arc::new((0..o.twins).map(|i| target.key(i)).collect());
-    eprintln!("creating {} devices and writing one desired value of {} B each, {} at a time", o.twins, o.value, o.concurrency);
+    eprintln!("creating {} devices with one desired value of {} B each through bulk registry calls of 100, {} calls at a time", o.twins, o.value, o.concurrency);
     // In steps, watching the machine: stop early rather than push it into the OOM killer.
     let step = (o.twins / 20).clamp(1_000, 50_000);
     let mut done = 0usize;
@@ -104,7 +156,7 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::bench::peers::twinhub::Twin
     while done < o.twins {
         let end = (done + step).min(o.twins);
         let chunk: Arc<Vec<String>> = Arc::new(keys[done..end].to_vec());
-        let (s, e) = loadgen::populate(&target, chunk, o.value, o.concurrency).await?;
+        let (s, e) = bulk_populate(&cluster.hub, &chunk, o.value, o.concurrency).await?;
         populate_s += s;
         populate_errors += e;
         done = end;
