@@ -209,30 +209,14 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::command::{AuthSpec, Op, Status};
+    use crate::model::command::Op;
     use crate::model::Reply;
-
-    fn spec(id: &str) -> DeviceSpec {
-        DeviceSpec {
-            device_id: id.into(),
-            status: Status::Enabled,
-            status_reason: None,
-            auth: AuthSpec {
-                auth_type: "sas".into(),
-                primary_key: Some("AAAAAAAAAAAAAAAAAAAAAA==".into()),
-                secondary_key: Some("AAAAAAAAAAAAAAAAAAAAAA==".into()),
-                primary_thumbprint: None,
-                secondary_thumbprint: None,
-            },
-            iot_edge: false,
-        }
-    }
 
     fn entry(id: &str, mode: ImportMode) -> BulkEntry {
         BulkEntry {
             id: TwinId::device(id.to_string()),
             mode,
-            identity: Some(Identity::Device(spec(id))),
+            identity: Some(Identity::Device(DeviceSpec::test_sas(id))),
             etag: None,
             twin_etag: None,
             tags_json: None,

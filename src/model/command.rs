@@ -72,6 +72,26 @@ pub struct DeviceSpec {
     pub iot_edge: bool,
 }
 
+impl DeviceSpec {
+    /// An enabled SAS device with fixed keys: the one device fixture the crate's unit tests share.
+    #[cfg(test)]
+    pub fn test_sas(id: &str) -> DeviceSpec {
+        DeviceSpec {
+            device_id: id.into(),
+            status: Status::Enabled,
+            status_reason: None,
+            auth: AuthSpec {
+                auth_type: "sas".into(),
+                primary_key: Some("cHJpbWFyeQ==".into()),
+                secondary_key: Some("c2Vjb25kYXJ5".into()),
+                primary_thumbprint: None,
+                secondary_thumbprint: None,
+            },
+            iot_edge: false,
+        }
+    }
+}
+
 /// What a `PUT /devices/{id}/modules/{mid}` may set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModuleSpec {

@@ -14,7 +14,7 @@ use super::store::Store;
 use super::types::TypeConfig;
 use super::{Shards, ShardsConfig};
 use crate::ids::TwinId;
-use crate::model::{AuthSpec, Command, DeviceSpec, Op, Reply, Status};
+use crate::model::{Command, DeviceSpec, Op, Reply};
 
 struct FjallBuilder;
 
@@ -39,19 +39,7 @@ fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> Shard
 fn put_device(id: &str) -> Command {
     Command::new(
         Op::PutDevice {
-            device: DeviceSpec {
-                device_id: id.into(),
-                status: Status::Enabled,
-                status_reason: None,
-                auth: AuthSpec {
-                    auth_type: "sas".into(),
-                    primary_key: Some("cHJpbWFyeQ==".into()),
-                    secondary_key: Some("c2Vjb25kYXJ5".into()),
-                    primary_thumbprint: None,
-                    secondary_thumbprint: None,
-                },
-                iot_edge: false,
-            },
+            device: DeviceSpec::test_sas(id),
             if_match: None,
         },
         1_700_000_000_000,

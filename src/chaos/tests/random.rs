@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 
 use super::super::*;
 use crate::ids::TwinId;
-use crate::model::{self, AuthSpec, Command, DeviceSpec, Event, IfMatch, Reply, RequestId, ShardState, Status};
+use crate::model::{self, Command, DeviceSpec, Event, IfMatch, Reply, RequestId, ShardState};
 
 /// The device's MQTT connection: reported patches, device GETs and pushes.
 const DEVICE: u64 = 100;
@@ -84,19 +84,7 @@ impl Gen {
             pushes: Vec::new(),
             spread,
         };
-        let spec = DeviceSpec {
-            device_id: device.into(),
-            status: Status::Enabled,
-            status_reason: None,
-            auth: AuthSpec {
-                auth_type: "sas".into(),
-                primary_key: Some("cHJpbWFyeQ==".into()),
-                secondary_key: Some("c2Vjb25kYXJ5".into()),
-                primary_thumbprint: None,
-                secondary_thumbprint: None,
-            },
-            iot_edge: false,
-        };
+        let spec = DeviceSpec::test_sas(device);
         let created = g.apply(model::Op::PutDevice { device: spec, if_match: None });
         assert!(created.result.is_ok());
         g

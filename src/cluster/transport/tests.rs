@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, SIGNATURE_HEADERS};
 use super::*;
-use crate::model::{AuthSpec, Command, DeviceSpec, Op, Reply, Status};
+use crate::model::{Command, DeviceSpec, Op, Reply};
 use crate::net::{ConnGate, ListenerLimits};
 use crate::shard::log_store::LogStore;
 use crate::shard::network::{NetworkFactory, ShardRouter};
@@ -139,19 +139,7 @@ impl TestNode {
 fn put_device(id: &str) -> Command {
     Command::new(
         Op::PutDevice {
-            device: DeviceSpec {
-                device_id: id.into(),
-                status: Status::Enabled,
-                status_reason: None,
-                auth: AuthSpec {
-                    auth_type: "sas".into(),
-                    primary_key: Some("cHJpbWFyeQ==".into()),
-                    secondary_key: Some("c2Vjb25kYXJ5".into()),
-                    primary_thumbprint: None,
-                    secondary_thumbprint: None,
-                },
-                iot_edge: false,
-            },
+            device: DeviceSpec::test_sas(id),
             if_match: None,
         },
         1_700_000_000_000,
