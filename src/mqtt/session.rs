@@ -68,20 +68,20 @@ pub struct Subscription {
     pub qos: u8,
 }
 
-/// The bytes every session of a registry holds together, kept current by the sessions themselves (and
-/// mirrored in the `twinhub_mqtt_session_bytes` gauge).
+/// The bytes every session of a registry holds together, kept current by the sessions themselves and
+/// mirrored in the `twinhub_mqtt_session_bytes` gauge. The gauge is set to the total rather than moved by
+/// the change, so it is right even if the metrics recorder was installed after sessions existed.
 #[derive(Clone, Debug, Default)]
 pub struct Meter(Arc<AtomicUsize>);
 
 impl Meter {
     fn adjust(&self, from: usize, to: usize) {
-        if to >= from {
-            self.0.fetch_add(to - from, Ordering::Relaxed);
-            metrics::gauge!("twinhub_mqtt_session_bytes").increment((to - from) as f64);
+        let total = if to >= from {
+            self.0.fetch_add(to - from, Ordering::Relaxed) + (to - from)
         } else {
-            self.0.fetch_sub(from - to, Ordering::Relaxed);
-            metrics::gauge!("twinhub_mqtt_session_bytes").decrement((from - to) as f64);
-        }
+            self.0.fetch_sub(from - to, Ordering::Relaxed).saturating_sub(from - to)
+        };
+        metrics::gauge!("twinhub_mqtt_session_bytes").set(total as f64);
     }
 
     pub fn get(&self) -> usize {
@@ -127,6 +127,7 @@ impl Session {
 
     fn recount(&mut self) {
         let now = self.bytes();
+        debug_assert!(now <= MAX_SESSION_BYTES, "{now} > {MAX_SESSION_BYTES}");
         self.meter.adjust(self.counted, now);
         self.counted = now;
     }
