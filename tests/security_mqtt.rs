@@ -210,16 +210,17 @@ fn tls_connector(srv: &Server) -> tokio_rustls::TlsConnector {
 async fn idle_flood(port: u16, n: usize, settle: Duration) -> (usize, Vec<TcpStream>) {
     let mut socks = Vec::with_capacity(n);
     for _ in 0..n {
-        match tokio::time::timeout(Duration::from_secs(5), connect_from([127, 0, 0, 1], port)).await {
-            Ok(Ok(s)) => socks.push(s),
-            // A full accept queue is a refusal too.
-            Ok(Err(_)) | Err(_) => {}
+        // A connect that fails (a full accept queue) counts as a refusal too.
+        if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(5), connect_from([127, 0, 0, 1], port)).await {
+            socks.push(s);
         }
     }
     let not_connected = n - socks.len();
     tokio::time::sleep(settle).await;
     let checks = socks.into_iter().map(|mut s| async move {
-        let closed = closed_within(&mut s, Duration::from_millis(300)).await;
+        // Generous for a loaded machine, and still well within the 10 s handshake timeout that would
+        // close the held ones too.
+        let closed = closed_within(&mut s, Duration::from_secs(3)).await;
         (closed, s)
     });
     let mut refused = not_connected;
@@ -384,7 +385,7 @@ async fn idle_connections_to_the_event_broker_do_not_lock_out_back_ends() {
     // A back end connected before the flood, from the flooding address itself.
     let (_before, mut before_el) = backend(&srv, "before").await;
 
-    let (refused, held) = idle_flood(srv.events_port, 200, Duration::from_secs(1)).await;
+    let (refused, held) = idle_flood(srv.events_port, 200, Duration::from_millis(500)).await;
     eprintln!("events flood: {refused} of 200 idle connections refused, {} held", held.len());
     assert!(refused >= 200 - 32, "only {refused} of 200 refused");
     assert!(held.len() <= 32, "{} idle connections held", held.len());
@@ -437,7 +438,7 @@ async fn the_internal_broker_port_is_useless_to_local_clients_and_no_back_end_ca
     // rumqttc says the same.
     let mut o = MqttOptions::new("forger2", internal.ip().to_string(), internal.port());
     o.set_credentials("iothubowner", owner_token(&srv));
-    assert!(rumqttc_connack(o).await.map_or(true, |c| c != ConnectReturnCode::Success), "rumqttc logged in directly");
+    assert!(rumqttc_connack(o).await != Ok(ConnectReturnCode::Success), "rumqttc logged in directly");
     // Both were turned away by rumqttd's login check, not by accident.
     let refused = metric(&srv, "twinhub_notify_broker_internal_login_refused_total").await;
     assert_eq!(refused, Some(2.0), "internal login refusals");
@@ -597,7 +598,7 @@ async fn idle_connections_to_the_mqtt_port_do_not_stop_devices_or_https() {
     let mut connected = device_session(&srv, [127, 0, 0, 1], &early, 60).await;
 
     // 300 idle sockets on the TLS port (the plain port shares its budget), from 127.0.0.1.
-    let (refused, held) = idle_flood(srv.mqtt_port, 300, Duration::from_secs(1)).await;
+    let (refused, held) = idle_flood(srv.mqtt_port, 300, Duration::from_millis(500)).await;
     eprintln!("MQTT flood: {refused} of 300 idle connections refused, {} held", held.len());
     assert!(refused >= 300 - 64, "only {refused} of 300 refused");
 
