@@ -149,7 +149,8 @@ impl Node {
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(listener, tls, app, gates.https.clone(), gates.limits.clone(), stop.clone().cancelled_owned()));
-        let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone());
+        let mqtt_limits = crate::mqtt::Limits::new(gates.limits.handshake_timeout, config.mqtt_max_keep_alive);
+        let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone(), gates.mqtt.clone(), mqtt_limits);
         let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(plain_tls.clone()), stop.clone()))];
         if let Some((l, _)) = mqtt_plain {
             tasks.push(tokio::spawn(mqtt.serve(l, None, stop.clone())));
@@ -160,6 +161,8 @@ impl Node {
             hub.clone(),
             policies.clone(),
             config.hostname.clone(),
+            gates.events.clone(),
+            gates.limits.handshake_timeout,
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {

@@ -110,6 +110,10 @@ pub struct ServeArgs {
     /// Seconds an HTTPS connection may stay idle between requests [default: 120]
     #[arg(long)]
     pub idle_timeout_secs: Option<u64>,
+    /// Largest MQTT keep-alive in seconds: larger values, and keep-alive 0, are lowered to it, and a
+    /// device connection silent for 1.5 times its keep-alive is closed [default: 1740]
+    #[arg(long)]
+    pub mqtt_max_keep_alive_secs: Option<u64>,
     /// TOML file with any of the options above (keys with underscores)
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -149,6 +153,7 @@ pub struct FileConfig {
     pub max_unauthenticated_per_source: Option<usize>,
     pub handshake_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
+    pub mqtt_max_keep_alive_secs: Option<u64>,
 }
 
 /// How this node takes part in a cluster (`None` in [`Config::cluster`]: a single-node hub).
@@ -185,6 +190,8 @@ pub struct Config {
     pub follower_reads: bool,
     /// Connection bounds and timeouts of every listener.
     pub net: crate::net::NetLimits,
+    /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
+    pub mqtt_max_keep_alive: u16,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -330,6 +337,12 @@ impl Config {
             handshake_timeout: secs(args.handshake_timeout_secs, "TWINHUB_HANDSHAKE_TIMEOUT_SECS", file.handshake_timeout_secs, 10)?,
             idle_timeout: secs(args.idle_timeout_secs, "TWINHUB_IDLE_TIMEOUT_SECS", file.idle_timeout_secs, 120)?,
         };
+        let mqtt_max_keep_alive = secs(args.mqtt_max_keep_alive_secs, "TWINHUB_MQTT_MAX_KEEP_ALIVE_SECS", file.mqtt_max_keep_alive_secs, 1740)?;
+        let mqtt_max_keep_alive = u16::try_from(mqtt_max_keep_alive.as_secs()).map_err(|_| ConfigError::Invalid {
+            option: "mqtt-max-keep-alive-secs",
+            value: mqtt_max_keep_alive.as_secs().to_string(),
+            expected: "number of seconds (1..=65535)",
+        })?;
         let follower_reads = args.follower_reads
             || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
             || file.follower_reads.unwrap_or(false);
@@ -346,6 +359,7 @@ impl Config {
             hostname,
             owner_key,
             net,
+            mqtt_max_keep_alive,
             shard_count,
             tls_cert: path(args.tls_cert, "TWINHUB_TLS_CERT", file.tls_cert),
             tls_key: path(args.tls_key, "TWINHUB_TLS_KEY", file.tls_key),

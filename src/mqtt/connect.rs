@@ -1,13 +1,18 @@
-//! CONNECT: who the connection is (spec §1.2–1.3). The client id names the identity, the user name may
-//! repeat it, the password is a SAS token signed with that identity's key.
+//! CONNECT: who the connection is. The client id names the identity, the user name may repeat it, the
+//! password is a SAS token signed with that identity's key. Identities registered for X.509
+//! (`selfSigned`, `certificateAuthority`) never log in with a SAS token, even when keys were stored for
+//! them: their owner chose certificates, and a leaked or guessed key must not open a way around that.
 
 use percent_encoding::percent_decode_str;
+use serde_json::Value;
 
 use super::error::Refusal;
 use super::Mqtt;
 use crate::auth::{verify_device_token, AuthError, SasToken};
 use crate::ids::TwinId;
 use crate::model::{now_ms, validate_id};
+use crate::shard::ShardError;
+use crate::twin::read::ReadOp;
 
 /// The identity of a client id: `{deviceId}` or `{deviceId}/{moduleId}` (not URL-encoded).
 pub fn parse_client_id(client_id: &str) -> Result<TwinId, Refusal> {
@@ -97,12 +102,16 @@ impl Mqtt {
         let password = c.password.filter(|p| !p.is_empty());
         let token = password.ok_or_else(|| Refusal::BadCredentials("no password (SAS token)".into()))?;
         let token = SasToken::parse(token).map_err(|e| Refusal::BadCredentials(e.to_string()))?;
-        let creds = self
-            .twins
-            .credentials(&id)
-            .await
-            .map_err(Refusal::Unavailable)?
-            .ok_or_else(|| Refusal::BadCredentials(format!("{id} is not registered")))?;
+        let (creds, auth_type) =
+            tokio::try_join!(self.twins.credentials(&id), self.auth_type(&id)).map_err(Refusal::Unavailable)?;
+        let not_registered = || Refusal::BadCredentials(format!("{id} is not registered"));
+        let creds = creds.ok_or_else(not_registered)?;
+        let auth_type = auth_type.ok_or_else(not_registered)?;
+        // Refused before the signature is checked: an X.509 identity usually has no key to check against,
+        // and "not authorized" is what it gets whatever the token says.
+        if !accepts_sas(&auth_type) {
+            return Err(Refusal::NotAuthorized(format!("{id} authenticates with '{auth_type}' (X.509), not with SAS tokens")));
+        }
         let host = self.sas_host(&token);
         verify_device_token(&token, host, &id.device_id, id.module_id.as_deref(), &creds, now_ms() / 1000).map_err(
             |e| match e {
@@ -111,6 +120,15 @@ impl Mqtt {
             },
         )?;
         Ok(id)
+    }
+
+    /// The identity's `authentication.type` as its registry document states it (`None`: no such identity).
+    async fn auth_type(&self, id: &TwinId) -> Result<Option<String>, ShardError> {
+        let doc = match &id.module_id {
+            None => self.twins.device(&id.device_id).await?,
+            Some(m) => self.twins.doc(&id.device_id, ReadOp::Module(id.device_id.clone(), m.clone())).await?.ok(),
+        };
+        Ok(doc.as_ref().map(auth_type_of))
     }
 
     /// The host to check a token's resource against. The configured host name has no port, but a
@@ -125,9 +143,34 @@ impl Mqtt {
     }
 }
 
+/// `authentication.type` of a Device or Module document; a document without one is a `sas` identity
+/// (the registry's default type).
+fn auth_type_of(doc: &Value) -> String {
+    doc.pointer("/authentication/type").and_then(Value::as_str).unwrap_or("sas").to_string()
+}
+
+/// Whether an identity of this authentication type may log in with a SAS token: `sas`, and `none`
+/// (keys, if any, were set by the operator). `selfSigned` and `certificateAuthority` identities prove
+/// themselves with a certificate; a type this server does not know is refused too.
+pub fn accepts_sas(auth_type: &str) -> bool {
+    matches!(auth_type, "sas" | "none")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_sas_and_none_identities_accept_sas_tokens() {
+        assert!(accepts_sas("sas"));
+        assert!(accepts_sas("none"));
+        for t in ["selfSigned", "certificateAuthority", "SAS", "x509", ""] {
+            assert!(!accepts_sas(t), "{t}");
+        }
+        let doc = serde_json::json!({"authentication": {"type": "selfSigned", "symmetricKey": {"primaryKey": "k"}}});
+        assert_eq!(auth_type_of(&doc), "selfSigned");
+        assert_eq!(auth_type_of(&serde_json::json!({"deviceId": "d"})), "sas");
+    }
 
     #[test]
     fn client_ids() {

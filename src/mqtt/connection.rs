@@ -1,4 +1,4 @@
-//! One device connection, bound to one identity at CONNECT (architecture invariant 8).
+//! One device connection, bound to one identity at CONNECT.
 //!
 //! Two tasks: this one reads packets, runs twin requests and forwards desired pushes; a writer task owns
 //! the socket's write half behind a bounded queue. Twin requests are pipelined: each becomes a future in
@@ -34,11 +34,13 @@ use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIR
 use super::topics::{self, Inbound, TwinRequest};
 use super::Mqtt;
 use crate::ids::TwinId;
+use crate::net::ConnPermit;
 use crate::model::{now_ms, validate_reported_patch, Applied, Command, Op, Reply};
 use crate::notify::{DesiredPush, DesiredPushes};
 
-/// Entry point for an accepted transport (TLS already done).
-pub async fn run<S>(mqtt: Arc<Mqtt>, stream: S, peer: SocketAddr, stop: CancellationToken)
+/// Entry point for an accepted transport (TLS already done). `permit` is the connection's slot in the
+/// listener's budget: unauthenticated until CONNECT is accepted, held until the connection ends.
+pub async fn run<S>(mqtt: Arc<Mqtt>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -97,7 +99,7 @@ where
         tracing::debug!(client_id, "ignoring the CONNECT's will: IoT Hub does not support wills");
     }
     let span = tracing::info_span!("mqtt", client_id = %client_id, %peer);
-    let hello = Authenticated { connect, props, id };
+    let hello = Authenticated { connect, props, id, permit };
     Connection::start(mqtt, codec, hello, rd, wr, buf, stop).instrument(span).await
 }
 
@@ -149,6 +151,8 @@ struct Authenticated {
     connect: rumqttd::protocol::Connect,
     props: Option<rumqttd::protocol::ConnectProperties>,
     id: TwinId,
+    /// Still unauthenticated: it becomes authenticated once CONNACK 0 is on its way.
+    permit: ConnPermit,
 }
 
 /// The outcome of one twin request (or of a PUBLISH that only needs its PUBACK), in arrival order.
@@ -223,7 +227,7 @@ impl Connection {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let limits = mqtt.limits.clone();
-        let Authenticated { connect, props, id } = hello;
+        let Authenticated { connect, props, id, mut permit } = hello;
         let v5 = codec.version() == Version::V5;
         let (expiry, expiry_capped) = match (v5, connect.clean_session) {
             (false, true) => (Duration::ZERO, false),
@@ -233,7 +237,7 @@ impl Connection {
                 (asked.min(MAX_SESSION_EXPIRY), asked > MAX_SESSION_EXPIRY)
             }
         };
-        let keep_alive = connect.keep_alive.min(limits.max_keep_alive);
+        let keep_alive = limits.keep_alive(connect.keep_alive);
         let client_max_packet = props.as_ref().and_then(|p| p.max_packet_size).map_or(usize::MAX, |m| m as usize);
         let client_receive_max = props.as_ref().and_then(|p| p.receive_maximum).map_or(usize::MAX, usize::from);
         // Register for pushes before CONNACK: nothing committed after the device is told it is
@@ -263,6 +267,8 @@ impl Connection {
             finish_session(&mqtt, &connect.client_id, attached.generation, &id, limits.drain).await;
             return;
         }
+        // From here on the connection no longer counts against the small unauthenticated budget.
+        permit.authenticated();
         metrics::counter!("twinhub_mqtt_connects_total", "result" => "accepted").increment(1);
         tracing::info!(
             identity = %id,
@@ -305,6 +311,7 @@ impl Connection {
             .await;
         drop(pushes);
         conn.close(close, writer, rd).await;
+        drop(permit);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -323,18 +330,17 @@ impl Connection {
     {
         let max_packet = self.mqtt.limits.max_packet;
         let max_in_flight = self.mqtt.limits.max_in_flight;
-        // 1.5 × keep-alive without any packet closes the connection (MQTT 3.1.1 §3.1.2.10).
-        let grace = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
-        let idle = tokio::time::sleep(grace.unwrap_or(Duration::from_secs(86_400)));
+        // 1.5 × keep-alive without any packet closes the connection, as MQTT prescribes. `keep_alive`
+        // is never 0 here (see `Limits::keep_alive`), so every connection has an idle bound.
+        let grace = idle_grace(keep_alive);
+        let idle = tokio::time::sleep(grace);
         tokio::pin!(idle);
         loop {
             let can_read = self.ops.len() < max_in_flight;
             if can_read {
                 match self.codec.decode(buf, max_packet) {
                     Ok(Some(packet)) => {
-                        if let Some(g) = grace {
-                            idle.as_mut().reset(tokio::time::Instant::now() + g);
-                        }
+                        idle.as_mut().reset(tokio::time::Instant::now() + grace);
                         if let Err(c) = self.on_packet(packet).await {
                             return c;
                         }
@@ -364,7 +370,7 @@ impl Connection {
                     Ok(_) => Ok(()),
                     Err(e) => Err(Close::Io(e)),
                 },
-                _ = &mut idle, if grace.is_some() && can_read => Err(Close::KeepAlive(keep_alive)),
+                _ = &mut idle, if can_read => Err(Close::KeepAlive(keep_alive)),
             };
             if let Err(c) = step {
                 return c;
@@ -695,6 +701,12 @@ fn encode_within(codec: &Codec, out: Out, buf: &mut BytesMut, max: usize) {
     }
 }
 
+/// How long a connection with this keep-alive may stay silent: one and a half keep-alives, and at
+/// least one and a half seconds (a keep-alive of 0 never reaches here, but must not mean "at once").
+fn idle_grace(keep_alive: u16) -> Duration {
+    Duration::from_millis(u64::from(keep_alive.max(1)) * 1500)
+}
+
 fn status_label(status: u16) -> &'static str {
     match status {
         200 => "200",
@@ -705,5 +717,17 @@ fn status_label(status: u16) -> &'static str {
         500 => "500",
         503 => "503",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_grace_is_one_and_a_half_keep_alives_and_never_zero() {
+        assert_eq!(idle_grace(60), Duration::from_secs(90));
+        assert_eq!(idle_grace(1740), Duration::from_secs(2610));
+        assert_eq!(idle_grace(0), Duration::from_millis(1500));
     }
 }

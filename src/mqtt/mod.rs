@@ -1,5 +1,5 @@
-//! The device MQTT front door: MQTT 3.1.1 and 5 on one port, IoT Hub's `$iothub/twin/...` topics
-//! (`../shared/spec/azure-compat.md` §1). See `README.md` in this directory for the design.
+//! The device MQTT front door: MQTT 3.1.1 and 5 on one port, IoT Hub's `$iothub/twin/...` topics. See
+//! `README.md` in this directory for the design.
 //!
 //! # Layout
 //!
@@ -29,6 +29,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::net::{ConnGate, ConnPermit};
 use crate::notify::Hub;
 use crate::twin::Twins;
 
@@ -46,8 +47,10 @@ pub struct Limits {
     pub max_packet: usize,
     /// Largest CONNECT accepted (a SAS token is a few hundred bytes).
     pub max_connect: usize,
-    /// Keep-alive values above this are clamped (IoT Hub's maximum is 29 minutes). MQTT 5 clients are
-    /// told in CONNACK (server keep-alive); MQTT 3.1.1 clients must ping at least this often.
+    /// Keep-alive values above this, and keep-alive 0 ("never"), become this (IoT Hub's maximum is 29
+    /// minutes): a connection that says nothing for 1.5 times it is closed, so no client can hold a
+    /// connection and its session forever without a packet. MQTT 5 clients are told in CONNACK (server
+    /// keep-alive); MQTT 3.1.1 clients must ping at least this often.
     pub max_keep_alive: u16,
     /// Twin requests of one connection in flight before the connection stops reading (backpressure).
     pub max_in_flight: usize,
@@ -80,6 +83,25 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The node's limits: the unauthenticated phase (TLS handshake, then CONNECT) gets the handshake
+    /// timeout every listener shares, so that a stranger's socket is held for as long on this port as
+    /// on the others; `max_keep_alive` is the operator's bound on idle connections.
+    pub fn new(handshake_timeout: Duration, max_keep_alive: u16) -> Limits {
+        Limits { tls_handshake: handshake_timeout, connect: handshake_timeout, max_keep_alive: max_keep_alive.max(1), ..Limits::default() }
+    }
+
+    /// The keep-alive a connection gets for the one its CONNECT asked for: 0 ("no keep-alive") and
+    /// anything above the maximum become the maximum.
+    pub fn keep_alive(&self, asked: u16) -> u16 {
+        if asked == 0 {
+            self.max_keep_alive
+        } else {
+            asked.min(self.max_keep_alive)
+        }
+    }
+}
+
 /// State shared by every MQTT listener of a node (TLS and plain share sessions, so a takeover works
 /// across them).
 pub struct Mqtt {
@@ -89,14 +111,17 @@ pub struct Mqtt {
     pub hostname: String,
     pub sessions: Sessions,
     pub limits: Limits,
+    /// The connection budget both listeners share: every accepted socket takes a permit before the TLS
+    /// handshake and holds it until it closes.
+    pub gate: Arc<ConnGate>,
 }
 
 /// How long `serve` waits, after `stop`, for its connections to finish closing.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 impl Mqtt {
-    pub fn new(twins: Arc<Twins>, hub: Arc<Hub>, hostname: String) -> Arc<Mqtt> {
-        Arc::new(Mqtt { twins, hub, hostname, sessions: Sessions::default(), limits: Limits::default() })
+    pub fn new(twins: Arc<Twins>, hub: Arc<Hub>, hostname: String, gate: Arc<ConnGate>, limits: Limits) -> Arc<Mqtt> {
+        Arc::new(Mqtt { twins, hub, hostname, sessions: Sessions::default(), limits, gate })
     }
 
     /// Accepts connections until `stop`, then closes them all (each reports its identity disconnected)
@@ -119,8 +144,11 @@ impl Mqtt {
                     }
                 },
             };
+            // A refused socket is closed at once, before any TLS work: a flood only ever fills the
+            // unauthenticated slots of its own source, never those of connected devices.
+            let Ok(permit) = self.gate.admit(peer.ip()) else { continue };
             let _ = tcp.set_nodelay(true);
-            tracker.spawn(self.clone().accepted(tcp, peer, acceptor.clone(), stop.clone()));
+            tracker.spawn(self.clone().accepted(tcp, peer, permit, acceptor.clone(), stop.clone()));
         }
         tracker.close();
         if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
@@ -129,9 +157,16 @@ impl Mqtt {
         tracing::info!(addr = ?local, "MQTT listener stopped");
     }
 
-    async fn accepted(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr, tls: Option<TlsAcceptor>, stop: CancellationToken) {
+    async fn accepted(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        permit: ConnPermit,
+        tls: Option<TlsAcceptor>,
+        stop: CancellationToken,
+    ) {
         let Some(acceptor) = tls else {
-            return self.connection(tcp, peer, stop).await;
+            return self.connection(tcp, peer, permit, stop).await;
         };
         let handshake = tokio::time::timeout(self.limits.tls_handshake, acceptor.accept(tcp));
         let stream = tokio::select! {
@@ -150,13 +185,30 @@ impl Mqtt {
                 }
             },
         };
-        self.connection(stream, peer, stop).await
+        self.connection(stream, peer, permit, stop).await
     }
 
-    async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, stop: CancellationToken)
+    async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        connection::run(self, stream, peer, stop).await
+        connection::run(self, stream, peer, permit, stop).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_zero_and_large_values_become_the_maximum() {
+        let l = Limits::new(Duration::from_secs(10), 30);
+        assert_eq!(l.keep_alive(0), 30, "no keep-alive is not forever");
+        assert_eq!(l.keep_alive(10), 10);
+        assert_eq!(l.keep_alive(30), 30);
+        assert_eq!(l.keep_alive(u16::MAX), 30);
+        assert_eq!((l.tls_handshake, l.connect), (Duration::from_secs(10), Duration::from_secs(10)));
+        assert_eq!(Limits::new(Duration::from_secs(1), 0).keep_alive(0), 1, "a zero maximum would disable the bound");
+        assert_eq!(Limits::default().keep_alive(0), 1740);
     }
 }

@@ -3,14 +3,30 @@
 //!
 //! A session holds the subscriptions and the `$rid` memory of one client id. With CleanSession=0 (MQTT
 //! 5: clean start false and a session expiry) it outlives the connection: the Python SDK never
-//! re-subscribes after a reconnect (spec §1.6). Sessions live in this node's memory only: a restart or a
-//! device reconnecting to another node starts afresh (issue 4 moves sessions with the cluster).
+//! re-subscribes after a reconnect. Sessions live in this node's memory only: a restart or a device
+//! reconnecting to another node starts afresh.
+//!
+//! # Bounds
+//! What a device can make the node remember is bounded on three axes, so that neither one device nor a
+//! fleet of them can grow it without limit:
+//!
+//! - per session: at most [`MAX_SUBSCRIPTIONS`] filters of [`MAX_FILTER_BYTES`] in all, and the last
+//!   [`RID_MEMORY`] `$rid`s, remembered as fixed-size hashes whatever their length ([`MAX_SESSION_BYTES`]
+//!   in all);
+//! - in time: a detached session is kept for at most [`MAX_SESSION_EXPIRY`];
+//! - in number: at most [`MAX_DETACHED_SESSIONS`] detached persistent sessions; beyond that the one
+//!   detached longest is dropped (its device starts a fresh session when it comes back).
+//!
+//! `/metrics` shows `twinhub_mqtt_sessions` (client ids with a session or a connection),
+//! `twinhub_mqtt_sessions_detached` (persistent sessions kept for an absent device) and
+//! `twinhub_mqtt_session_bytes` (what all sessions hold, as [`Session::bytes`] counts it).
 //!
 //! Every connection gets a generation number when it attaches. Only the connection whose generation is
 //! current may end the session or report the identity disconnected, so a taken-over connection closing
 //! late cannot overwrite the `connectionState` its successor wrote.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,8 +42,24 @@ pub const MAX_SESSION_EXPIRY: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Subscriptions one session may hold (an SDK uses two or three).
 pub const MAX_SUBSCRIPTIONS: usize = 32;
 
+/// Bytes of subscription filters one session may hold. The longest filter an SDK uses names a module's
+/// inputs (`devices/{d}/modules/{m}/inputs/#`, under 300 bytes with the longest ids).
+pub const MAX_FILTER_BYTES: usize = 2048;
+
 /// `$rid`s remembered per session for at-most-once reported patches.
 pub const RID_MEMORY: usize = 64;
+
+/// Detached persistent sessions the node keeps; beyond this the one detached longest is dropped.
+pub const MAX_DETACHED_SESSIONS: usize = 100_000;
+
+/// The most one session can hold, as [`Session::bytes`] counts it.
+pub const MAX_SESSION_BYTES: usize = std::mem::size_of::<Session>()
+    + MAX_SUBSCRIPTIONS * std::mem::size_of::<Subscription>()
+    + MAX_FILTER_BYTES
+    + RID_MEMORY * std::mem::size_of::<RidEntry>();
+
+// What the README and `/metrics` readers are told: a session stays under 8 KiB.
+const _: () = assert!(MAX_SESSION_BYTES < 8 * 1024);
 
 /// Expired sessions are swept at most this often (on a connect, under the lock it takes anyway).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
@@ -39,15 +71,72 @@ pub struct Subscription {
     pub qos: u8,
 }
 
+/// The bytes every session of a registry holds together, kept current by the sessions themselves and
+/// mirrored in the `twinhub_mqtt_session_bytes` gauge. The gauge is set to the total rather than moved by
+/// the change, so it is right even if the metrics recorder was installed after sessions existed.
+#[derive(Clone, Debug, Default)]
+pub struct Meter(Arc<AtomicUsize>);
+
+impl Meter {
+    fn adjust(&self, from: usize, to: usize) {
+        let total = if to >= from {
+            self.0.fetch_add(to - from, Ordering::Relaxed) + (to - from)
+        } else {
+            self.0.fetch_sub(from - to, Ordering::Relaxed).saturating_sub(from - to)
+        };
+        metrics::gauge!("twinhub_mqtt_session_bytes").set(total as f64);
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// What a session carries across connections.
 #[derive(Debug, Default)]
 pub struct Session {
     subscriptions: Vec<Subscription>,
     rids: RidMemory,
+    meter: Meter,
+    /// What this session last added to `meter`.
+    counted: usize,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.meter.adjust(self.counted, 0);
+    }
 }
 
 impl Session {
-    /// Adds or replaces a subscription; the granted QoS, `None` if the filter is refused.
+    fn new(meter: Meter) -> Session {
+        let mut s = Session { subscriptions: Vec::new(), rids: RidMemory::default(), meter, counted: 0 };
+        s.recount();
+        s
+    }
+
+    /// The memory this session holds: itself, its subscriptions with their filters, its `$rid` memory.
+    /// At most [`MAX_SESSION_BYTES`].
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Session>()
+            + self.subscriptions.len() * std::mem::size_of::<Subscription>()
+            + self.filter_bytes()
+            + self.rids.entries.len() * std::mem::size_of::<RidEntry>()
+    }
+
+    fn filter_bytes(&self) -> usize {
+        self.subscriptions.iter().map(|s| s.filter.len()).sum()
+    }
+
+    fn recount(&mut self) {
+        let now = self.bytes();
+        debug_assert!(now <= MAX_SESSION_BYTES, "{now} > {MAX_SESSION_BYTES}");
+        self.meter.adjust(self.counted, now);
+        self.counted = now;
+    }
+
+    /// Adds or replaces a subscription; the granted QoS, `None` if the filter is refused (invalid, or
+    /// over the session's count or byte bound).
     pub fn subscribe(&mut self, filter: &str, requested_qos: u8) -> Option<u8> {
         if !topics::valid_filter(filter) {
             return None;
@@ -57,10 +146,11 @@ impl Session {
             s.qos = qos;
             return Some(qos);
         }
-        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS {
+        if self.subscriptions.len() >= MAX_SUBSCRIPTIONS || self.filter_bytes() + filter.len() > MAX_FILTER_BYTES {
             return None;
         }
         self.subscriptions.push(Subscription { filter: filter.to_string(), qos });
+        self.recount();
         Some(qos)
     }
 
@@ -68,6 +158,7 @@ impl Session {
     pub fn unsubscribe(&mut self, filter: &str) -> bool {
         let before = self.subscriptions.len();
         self.subscriptions.retain(|s| s.filter != filter);
+        self.recount();
         self.subscriptions.len() != before
     }
 
@@ -89,7 +180,9 @@ impl Session {
     /// numeric `$rid` counter restarts with the process, and an identical report after a restart must
     /// still apply.
     pub fn request_id(&mut self, rid: &str, payload: &[u8], generation: u64, dup: bool) -> RequestId {
-        self.rids.request_id(rid, payload, generation, dup)
+        let id = self.rids.request_id(rid, payload, generation, dup);
+        self.recount();
+        id
     }
 }
 
@@ -99,9 +192,11 @@ struct RidMemory {
     entries: VecDeque<RidEntry>,
 }
 
+/// One remembered request: fixed-size, so a device sending long `$rid`s cannot make it bigger. The
+/// `$rid` is kept as a 128-bit hash: telling two of one device's requests apart needs no more.
 #[derive(Debug)]
 struct RidEntry {
-    rid: String,
+    rid: u128,
     hash: u64,
     generation: u64,
     id: RequestId,
@@ -110,6 +205,7 @@ struct RidEntry {
 impl RidMemory {
     fn request_id(&mut self, rid: &str, payload: &[u8], generation: u64, dup: bool) -> RequestId {
         let hash = xxhash_rust::xxh3::xxh3_64(payload);
+        let rid = xxhash_rust::xxh3::xxh3_128(rid.as_bytes());
         if let Some(i) = self.entries.iter().position(|e| e.hash == hash && e.rid == rid) {
             if dup || self.entries[i].generation == generation {
                 self.entries[i].generation = generation;
@@ -121,7 +217,7 @@ impl RidMemory {
         if self.entries.len() >= RID_MEMORY {
             self.entries.pop_front();
         }
-        self.entries.push_back(RidEntry { rid: rid.to_string(), hash, generation, id });
+        self.entries.push_back(RidEntry { rid, hash, generation, id });
         id
     }
 }
@@ -167,14 +263,50 @@ pub struct SessionRequest {
 #[derive(Default)]
 struct Inner {
     by_client: HashMap<String, Entry>,
+    /// Detached persistent sessions by (detach time, generation): the oldest is dropped first when there
+    /// are more than [`MAX_DETACHED_SESSIONS`].
+    detached: BTreeMap<(Instant, u64), String>,
     next_generation: u64,
     last_sweep: Option<Instant>,
+}
+
+impl Inner {
+    /// Takes an entry out of the detached index (it is attached again, or removed).
+    fn undetach(&mut self, at: Option<Instant>, generation: u64) {
+        if let Some(at) = at {
+            self.detached.remove(&(at, generation));
+        }
+    }
+
+    /// Drops the longest-detached persistent sessions while there are more than `max`. One whose
+    /// connection-state write is still running is left for a later call (see [`sweep`]).
+    fn evict(&mut self, max: usize) {
+        while self.detached.len() > max {
+            let Some(((at, generation), client_id)) = self.detached.pop_first() else { return };
+            let busy = self.by_client.get(&client_id).is_some_and(|e| Arc::strong_count(&e.state_sync) > 1);
+            if busy {
+                self.detached.insert((at, generation), client_id);
+                return;
+            }
+            let idle = self.by_client.get(&client_id).is_some_and(|e| e.live.is_none() && e.generation == generation);
+            if idle {
+                self.by_client.remove(&client_id);
+                metrics::counter!("twinhub_mqtt_sessions_evicted_total").increment(1);
+            }
+        }
+    }
+
+    fn publish(&self) {
+        metrics::gauge!("twinhub_mqtt_sessions").set(self.by_client.len() as f64);
+        metrics::gauge!("twinhub_mqtt_sessions_detached").set(self.detached.len() as f64);
+    }
 }
 
 /// The node's session registry.
 #[derive(Default)]
 pub struct Sessions {
     inner: Mutex<Inner>,
+    meter: Meter,
 }
 
 /// Locks a std mutex, ignoring poisoning: the data behind these locks stays consistent at every await
@@ -191,16 +323,21 @@ impl Sessions {
         let now = Instant::now();
         if inner.last_sweep.is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY) {
             inner.last_sweep = Some(now);
-            sweep(&mut inner.by_client, now);
+            sweep(&mut inner, now);
         }
         inner.next_generation += 1;
         let generation = inner.next_generation;
         let taken_over = CancellationToken::new();
         let expiry = req.expiry.min(MAX_SESSION_EXPIRY);
+        if let Some(e) = inner.by_client.get(client_id) {
+            let (at, g) = (e.detached_at, e.generation);
+            inner.undetach(at, g);
+        }
+        let fresh = || Arc::new(Mutex::new(Session::new(self.meter.clone())));
         let entry = inner.by_client.entry(client_id.to_string()).or_insert_with(|| Entry {
             generation,
             live: None,
-            session: Arc::default(),
+            session: fresh(),
             resumable: false,
             expiry,
             detached_at: None,
@@ -214,36 +351,49 @@ impl Sessions {
         let expired = entry.detached_at.is_some_and(|t| now.duration_since(t) >= entry.expiry);
         let present = entry.resumable && !req.clean_start && !expired;
         if !present {
-            entry.session = Arc::default();
+            entry.session = fresh();
         }
         entry.generation = generation;
         entry.live = Some(taken_over.clone());
         entry.resumable = !expiry.is_zero();
         entry.expiry = expiry;
         entry.detached_at = None;
-        Attached {
+        let attached = Attached {
             generation,
             session: entry.session.clone(),
             present,
             taken_over,
             state_sync: entry.state_sync.clone(),
-        }
+        };
+        inner.publish();
+        attached
     }
 
     /// Detaches a closing connection. Returns its state sync if it was still the current connection of
     /// the client id (then it must report the identity disconnected), `None` if it was taken over.
     pub fn detach(&self, client_id: &str, generation: u64) -> Option<StateSync> {
+        self.detach_bounded(client_id, generation, MAX_DETACHED_SESSIONS)
+    }
+
+    fn detach_bounded(&self, client_id: &str, generation: u64, max_detached: usize) -> Option<StateSync> {
         let mut inner = lock(&self.inner);
         let entry = inner.by_client.get_mut(client_id)?;
         if entry.generation != generation {
             return None;
         }
+        let now = Instant::now();
         entry.live = None;
-        entry.detached_at = Some(Instant::now());
+        entry.detached_at = Some(now);
         if !entry.resumable {
-            entry.session = Arc::default();
+            entry.session = Arc::new(Mutex::new(Session::new(self.meter.clone())));
         }
-        Some(entry.state_sync.clone())
+        let (sync, resumable) = (entry.state_sync.clone(), entry.resumable);
+        if resumable {
+            inner.detached.insert((now, generation), client_id.to_string());
+            inner.evict(max_detached);
+        }
+        inner.publish();
+        Some(sync)
     }
 
     /// Whether a connection is attached to `client_id` now.
@@ -256,6 +406,11 @@ impl Sessions {
         lock(&self.inner).by_client.len()
     }
 
+    /// What all sessions of this registry hold, in bytes (see [`Session::bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.meter.get()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -263,12 +418,20 @@ impl Sessions {
 
 /// Drops sessions that are detached and expired, unless a connection-state write still holds their
 /// sync (clones are only made under the registry lock, so the count cannot grow behind our back).
-fn sweep(by_client: &mut HashMap<String, Entry>, now: Instant) {
+fn sweep(inner: &mut Inner, now: Instant) {
+    let Inner { by_client, detached, .. } = inner;
     by_client.retain(|_, e| {
-        e.live.is_some()
+        let keep = e.live.is_some()
             || Arc::strong_count(&e.state_sync) > 1
-            || e.detached_at.is_none_or(|t| now.duration_since(t) < e.expiry)
+            || e.detached_at.is_none_or(|t| now.duration_since(t) < e.expiry);
+        if !keep {
+            if let Some(at) = e.detached_at {
+                detached.remove(&(at, e.generation));
+            }
+        }
+        keep
     });
+    inner.publish();
 }
 
 #[cfg(test)]
@@ -345,7 +508,7 @@ mod tests {
         s.detach("kept", kept.generation);
         drop((gone, busy));
         let mut inner = lock(&s.inner);
-        sweep(&mut inner.by_client, Instant::now());
+        sweep(&mut inner, Instant::now());
         let mut left: Vec<&str> = inner.by_client.keys().map(String::as_str).collect();
         left.sort();
         assert_eq!(left, ["busy", "kept", "live"]);
@@ -385,5 +548,59 @@ mod tests {
             s.request_id(&format!("x{i}"), b"", 3, false);
         }
         assert_ne!(s.request_id("1", b"{\"a\":1}", 3, true), fresh, "forgotten after {RID_MEMORY} newer rids");
+    }
+
+    #[test]
+    fn filters_are_bounded_in_bytes_and_rids_in_size_whatever_their_length() {
+        let mut s = Session::default();
+        let long = format!("{}/#", "f".repeat(MAX_FILTER_BYTES - 200));
+        assert_eq!(s.subscribe(&long, 1), Some(1));
+        assert_eq!(s.subscribe(&format!("{}/#", "g".repeat(300)), 1), None, "over the byte budget");
+        assert_eq!(s.subscribe("$iothub/twin/res/#", 0), Some(0), "a short one still fits");
+        let before = s.bytes();
+        for i in 0..1000 {
+            s.request_id(&format!("{i}-{}", "r".repeat(60_000)), b"{}", 1, false);
+        }
+        assert!(s.bytes() <= MAX_SESSION_BYTES, "{} > {MAX_SESSION_BYTES}", s.bytes());
+        assert!(s.bytes() - before <= RID_MEMORY * std::mem::size_of::<RidEntry>());
+    }
+
+    #[test]
+    fn the_meter_follows_every_session_and_their_end() {
+        let s = Sessions::default();
+        let a = s.attach("d1", KEEP);
+        let empty = s.bytes();
+        assert!(empty > 0);
+        lock(&a.session).subscribe("$iothub/twin/PATCH/properties/desired/#", 1);
+        lock(&a.session).request_id("1", b"{}", a.generation, false);
+        let used = s.bytes();
+        assert_eq!(used, lock(&a.session).bytes());
+        assert!(used > empty);
+        let b = s.attach("d2", KEEP);
+        assert_eq!(s.bytes(), used + empty);
+        // A clean start drops the old session: its bytes go with it once nobody holds it.
+        s.detach("d1", a.generation);
+        drop(a);
+        let c = s.attach("d1", CLEAN);
+        assert_eq!(s.bytes(), 2 * empty);
+        drop((b, c));
+    }
+
+    #[test]
+    fn the_longest_detached_sessions_are_dropped_beyond_the_bound() {
+        let s = Sessions::default();
+        for i in 0..5 {
+            let id = format!("d{i}");
+            let a = s.attach(&id, KEEP);
+            lock(&a.session).subscribe("x/#", 1);
+            let sync = s.detach_bounded(&id, a.generation, 3);
+            assert!(sync.is_some());
+        }
+        assert_eq!(s.len(), 3);
+        assert_eq!(lock(&s.inner).detached.len(), 3);
+        assert!(!s.attach("d0", KEEP).present, "the oldest was dropped");
+        assert!(s.attach("d4", KEEP).present, "the newest is kept");
+        // Re-attaching takes a session out of the detached index.
+        assert_eq!(lock(&s.inner).detached.len(), 2);
     }
 }

@@ -4,8 +4,9 @@
 //! # Shape
 //! ```text
 //! back end ──TLS──▶ public listener (bound by the node, port 0 allowed)
+//!                   connection permit (net::ConnGate) taken before the TLS handshake
 //!                   gate.rs: TLS termination, CONNECT check (CONNACK refusal), PUBLISH refused
-//!                        │ plain TCP
+//!                        │ plain TCP, CONNECT rewritten with the internal login
 //!                        ▼
 //!                   rumqttd v4 server on 127.0.0.1:<free port>   (its own thread + runtime)
 //!                        ▲ local link "twinhub-feed" (QoS 0 publishes)
@@ -18,11 +19,20 @@
 //! # Security
 //! Clients log in with username = policy name and password = a SAS token of that policy granting
 //! `ServiceConnect` (`sr` = the hub host name, with or without a port). The gate checks the login and
-//! answers a refusal with a CONNACK code; rumqttd's own auth handler checks it again, so connecting to
-//! the loopback port directly gains nothing. rumqttd 0.20 has no per-topic ACL and no way to forbid
-//! client publishes, so the gate closes any client connection that sends a PUBLISH: only the node
-//! publishes on `twin-changes/...`. Subscriptions are not restricted (every authorised back end may
-//! read every twin's changes, as with `ServiceConnect` on the REST API).
+//! answers a refusal with a CONNACK code. rumqttd itself accepts only the per-process internal login
+//! the gate forwards instead of the token ([`internal`]), so a local process connecting to the loopback
+//! port directly, even with a valid policy token, cannot log in. rumqttd 0.20 has no per-topic ACL and
+//! no way to forbid client publishes, so the gate refuses wills and closes any client connection that
+//! sends a PUBLISH: only the node's feed link publishes on `twin-changes/...`. Subscriptions are not
+//! restricted (every authorised back end may read every twin's changes, as with `ServiceConnect` on the
+//! REST API).
+//!
+//! # Connection bounds
+//! Every accepted socket takes a permit of the node's `events` [`ConnGate`] before anything else; a
+//! refused one is closed at once. Until rumqttd accepts its CONNECT the connection is unauthenticated,
+//! and the TLS handshake and the CONNECT each get the node's handshake timeout, so strangers only ever
+//! fill the small unauthenticated budget (per source and per listener), never the slots of back ends
+//! that logged in. rumqttd's own connection limit follows the gate's cap.
 //!
 //! # Delivery
 //! At most once (QoS 0) and live only: subscribers get what is published while they are subscribed.
@@ -38,6 +48,7 @@
 //! stays parked until the process exits.
 
 mod gate;
+mod internal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -48,12 +59,15 @@ use rumqttd::protocol::v4::V4;
 use rumqttd::{ConnectionSettings, LinkType, RouterConfig, Server, ServerSettings};
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use self::gate::Gate;
+use self::internal::InternalLogin;
 use super::{ChangeEvent, FeedItem, Hub};
 use crate::auth::Policies;
+use crate::net::ConnGate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -61,10 +75,9 @@ pub enum BrokerError {
     Start(String),
 }
 
-/// Back-end connections served at once; more wait in the accept queue.
-const MAX_CLIENTS: usize = 1024;
-/// A client that does not finish its TLS handshake in this time is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// rumqttd connections beyond the gate's cap: the node's own feed link, and room for connections the
+/// gate has let go of that rumqttd has not noticed closing yet.
+const INTERNAL_SLACK: usize = 16;
 /// Largest event the broker carries (a replaced twin with full tags, desired and reported, metadata).
 const MAX_EVENT: usize = 1024 * 1024;
 /// Where a resync of the broker's own feed consumer is announced (outside `twin-changes/#` on purpose:
@@ -96,9 +109,16 @@ fn free_loopback_port() -> Result<SocketAddr, BrokerError> {
     l.local_addr().map_err(|e| BrokerError::Start(format!("no loopback port: {e}")))
 }
 
-fn rumqttd_settings(internal: SocketAddr, policies: Arc<Policies>, host: Arc<str>) -> (RouterConfig, ServerSettings) {
+/// rumqttd's settings: as many connections as the gate admits (plus slack), the gate's CONNECT timeout,
+/// and an auth handler that knows only the internal login.
+fn rumqttd_settings(
+    listen: SocketAddr,
+    max_clients: usize,
+    connect_timeout: Duration,
+    login: Arc<InternalLogin>,
+) -> (RouterConfig, ServerSettings) {
     let router = RouterConfig {
-        max_connections: MAX_CLIENTS + 16,
+        max_connections: max_clients + INTERNAL_SLACK,
         max_outgoing_packet_count: 200,
         // Each subscribed filter keeps at most this much of its log in memory.
         max_segment_size: 4 * MAX_EVENT,
@@ -106,7 +126,7 @@ fn rumqttd_settings(internal: SocketAddr, policies: Arc<Policies>, host: Arc<str
         ..Default::default()
     };
     let mut connections = ConnectionSettings {
-        connection_timeout_ms: gate::CONNECT_TIMEOUT.as_millis() as u16,
+        connection_timeout_ms: u16::try_from(connect_timeout.as_millis()).unwrap_or(u16::MAX),
         max_payload_size: MAX_EVENT,
         max_inflight_count: 100,
         auth: None,
@@ -114,15 +134,17 @@ fn rumqttd_settings(internal: SocketAddr, policies: Arc<Policies>, host: Arc<str
         dynamic_filters: false,
     };
     connections.set_auth_handler(move |client_id: String, user: String, pass: String| {
-        let verdict = gate::verify_login(&policies, &host, &user, &pass);
-        if let Err(e) = &verdict {
-            tracing::info!(%client_id, %user, "event broker login refused: {e}");
+        let ok = login.verify(&user, &pass);
+        if !ok {
+            // Only the gate knows the login: this is a local process trying the loopback port.
+            metrics::counter!("twinhub_notify_broker_internal_login_refused_total").increment(1);
+            tracing::warn!(%client_id, %user, "internal event broker login refused: not the gate's");
         }
-        std::future::ready(verdict.is_ok())
+        std::future::ready(ok)
     });
     let server = ServerSettings {
         name: "twinhub-events".into(),
-        listen: internal,
+        listen,
         tls: None,
         next_connection_delay_ms: 0,
         connections,
@@ -204,13 +226,17 @@ fn publish(tx: &mut LinkTx, item: FeedItem) -> Result<(), Box<rumqttd::local::Li
     Ok(())
 }
 
-/// Serves the event broker on `listener` (TLS with `tls`) until `stop`.
+/// Serves the event broker on `listener` (TLS with `tls`) until `stop`. `gate` bounds the connections it
+/// holds; `handshake_timeout` bounds the TLS handshake and, again, the wait for CONNECT.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     hub: Arc<Hub>,
     policies: Arc<Policies>,
     host: String,
+    gate: Arc<ConnGate>,
+    handshake_timeout: Duration,
     stop: CancellationToken,
 ) -> Result<(), BrokerError> {
     // Closing the hub on stop ends every feed consumer (SSE streams included) so that the HTTP drain
@@ -222,25 +248,25 @@ pub async fn serve(
             hub.close();
         });
     }
-    let host: Arc<str> = Arc::from(host.as_str());
     let internal = free_loopback_port()?;
-    let (router_config, server) = rumqttd_settings(internal, policies.clone(), host.clone());
+    let login = Arc::new(InternalLogin::generate());
+    let (router_config, server) =
+        rumqttd_settings(internal, gate.limits().max_connections, handshake_timeout, login.clone());
     let (server, link) = build_rumqttd(router_config, server);
     let (stop_server, server_stopped) = oneshot::channel();
     start_rumqttd(server, server_stopped)?;
     start_feed(hub.clone(), link)?;
     tracing::info!(public = ?listener.local_addr().ok(), %internal, "event broker ready");
 
+    let relay = Arc::new(Gate {
+        upstream: internal,
+        policies,
+        host: Arc::from(host.as_str()),
+        internal: login,
+        connect_timeout: handshake_timeout,
+    });
     let acceptor = TlsAcceptor::from(tls);
-    let permits = Arc::new(Semaphore::new(MAX_CLIENTS));
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = stop.cancelled() => break,
-        };
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -252,24 +278,26 @@ pub async fn serve(
             },
             () = stop.cancelled() => break,
         };
+        // Refused sockets are closed at once, before any TLS work.
+        let Ok(mut permit) = gate.admit(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, policies, host, stop) = (acceptor.clone(), policies.clone(), host.clone(), stop.clone());
+        let (acceptor, relay, stop) = (acceptor.clone(), relay.clone(), stop.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => return tracing::debug!(%peer, "event broker TLS handshake failed: {e}"),
                 Err(_) => return tracing::debug!(%peer, "event broker TLS handshake timed out"),
             };
             metrics::gauge!("twinhub_notify_broker_clients").increment(1.0);
             tokio::select! {
-                r = gate::relay(stream, internal, policies, host) => match r {
+                r = relay.relay(stream, &mut permit) => match r {
                     Ok(()) => tracing::debug!(%peer, "event broker client left"),
                     Err(e) => tracing::info!(%peer, "event broker client closed: {e}"),
                 },
                 () = stop.cancelled() => {}
             }
             metrics::gauge!("twinhub_notify_broker_clients").decrement(1.0);
+            drop(permit);
         });
     }
     drop(listener);

@@ -1,12 +1,21 @@
 //! The broker's front gate: TLS termination and a thin MQTT 3.1.1 packet filter between a back-end
 //! client and rumqttd's internal loopback listener.
 //!
-//! rumqttd authenticates at CONNECT (our handler checks the SAS token there too) but has no per-topic
-//! ACL: any authenticated client could PUBLISH on `twin-changes/...` and forge events. The gate reads
-//! the client's packets (only framing: fixed header and remaining length, plus the CONNECT payload) and
-//! closes the connection on the first PUBLISH. It also answers a bad CONNECT itself with a proper
-//! CONNACK refusal, which rumqttd does not send (it just drops the socket). The broker → client
-//! direction is copied untouched.
+//! The gate is the only way in. It checks the back end's policy SAS token itself, answering a bad
+//! CONNECT with a proper CONNACK refusal (rumqttd just drops the socket), and forwards an accepted
+//! CONNECT rewritten: with the process's internal login instead of the token (rumqttd accepts nothing
+//! else, see [`super::internal`]), without a will (a will is a publish rumqttd would make on the
+//! client's behalf), and with the client id moved into a namespace of its own (`svc.{id}`) so that no
+//! back end can take over the node's feed link by naming itself after it.
+//!
+//! rumqttd has no per-topic ACL, so the gate also decides what a connected client may send: only
+//! SUBSCRIBE, UNSUBSCRIBE, PINGREQ, DISCONNECT and acknowledgements of deliveries. A PUBLISH (or any
+//! other packet) closes the connection: only the node publishes on `twin-changes/...`. The gate reads
+//! framing only (fixed header and remaining length, plus the CONNECT payload); the broker → client
+//! direction is copied untouched once rumqttd's CONNACK has been seen.
+//!
+//! A connection holds its [`ConnPermit`] from accept on; it becomes authenticated when rumqttd accepts
+//! the forwarded CONNECT (CONNACK 0).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,18 +24,29 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::internal::{self, InternalLogin};
 use crate::auth::{AuthError, Permission, Policies, SasToken};
+use crate::net::ConnPermit;
 
 /// Largest packet a back-end client may send: CONNECT with a token, SUBSCRIBE, PINGREQ... never data.
 pub const MAX_CLIENT_PACKET: usize = 64 * 1024;
-/// A client must send CONNECT this soon after the TLS handshake.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where back-end client ids live in rumqttd: outside the names the node's own links use.
+pub const CLIENT_ID_PREFIX: &str = "svc.";
 
 const CONNECT: u8 = 1;
+const CONNACK: u8 = 2;
 const PUBLISH: u8 = 3;
+
+/// Packet types a connected back end may send: acknowledgements of QoS 1/2 deliveries (PUBACK,
+/// PUBREC, PUBCOMP), SUBSCRIBE, UNSUBSCRIBE, PINGREQ and DISCONNECT.
+fn allowed_after_connect(kind: u8) -> bool {
+    matches!(kind, 4 | 5 | 7 | 8 | 10 | 12 | 14)
+}
 
 /// CONNACK return codes of MQTT 3.1.1.
 const RC_UNACCEPTABLE_PROTOCOL: u8 = 1;
+const RC_IDENTIFIER_REJECTED: u8 = 2;
 const RC_BAD_CREDENTIALS: u8 = 4;
 const RC_NOT_AUTHORIZED: u8 = 5;
 
@@ -44,10 +64,18 @@ pub enum GateError {
     Protocol(u8),
     #[error("refused: {0}")]
     Refused(AuthError),
+    #[error("CONNECT with a will refused: back-end clients may not publish, not even through a will")]
+    Will,
+    #[error("client id of {0} bytes is too long")]
+    ClientId(usize),
     #[error("back-end clients may not publish (topic '{0}')")]
     Publish(String),
-    #[error("no CONNECT within {CONNECT_TIMEOUT:?}")]
-    ConnectTimeout,
+    #[error("packet type {0} is not allowed from a back-end client")]
+    Forbidden(u8),
+    #[error("no CONNECT within {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("the internal broker did not accept the connection (CONNACK {0:?})")]
+    Upstream(Option<u8>),
 }
 
 /// One MQTT control packet as read from the client: the raw bytes (to forward) and its type.
@@ -91,8 +119,14 @@ async fn read_packet<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<RawPacket
 /// What the gate needs from CONNECT.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Login {
+    /// `MQTT` or `MQIsdp`.
+    pub protocol: String,
     pub level: u8,
+    pub clean_session: bool,
+    pub keep_alive: u16,
     pub client_id: String,
+    /// Whether the CONNECT carries a will.
+    pub will: bool,
     pub username: Option<String>,
     pub password: Option<String>,
 }
@@ -135,23 +169,78 @@ pub fn parse_connect(body: &[u8]) -> Result<Login, GateError> {
         return Err(GateError::Malformed("unknown protocol name"));
     }
     let level = c.u8()?;
+    let mut login = Login {
+        protocol: name,
+        level,
+        clean_session: false,
+        keep_alive: 0,
+        client_id: String::new(),
+        will: false,
+        username: None,
+        password: None,
+    };
     if level != 4 && level != 3 {
-        return Ok(Login { level, client_id: String::new(), username: None, password: None });
+        return Ok(login);
     }
     let flags = c.u8()?;
-    let _keep_alive = c.u16()?;
-    let client_id = c.string()?;
+    login.clean_session = flags & 0x02 != 0;
+    login.keep_alive = c.u16()?;
+    login.client_id = c.string()?;
     if flags & 0x04 != 0 {
+        login.will = true;
         c.string()?; // will topic
         c.bytes()?; // will message
     }
-    let username = if flags & 0x80 != 0 { Some(c.string()?) } else { None };
-    let password = if flags & 0x40 != 0 {
-        Some(String::from_utf8(c.bytes()?.to_vec()).map_err(|_| GateError::Malformed("password is not UTF-8"))?)
-    } else {
-        None
-    };
-    Ok(Login { level, client_id, username, password })
+    if flags & 0x80 != 0 {
+        login.username = Some(c.string()?);
+    }
+    if flags & 0x40 != 0 {
+        login.password =
+            Some(String::from_utf8(c.bytes()?.to_vec()).map_err(|_| GateError::Malformed("password is not UTF-8"))?);
+    }
+    Ok(login)
+}
+
+fn put_string(out: &mut Vec<u8>, s: &[u8]) -> Result<(), GateError> {
+    let n = u16::try_from(s.len()).map_err(|_| GateError::ClientId(s.len()))?;
+    out.extend_from_slice(&n.to_be_bytes());
+    out.extend_from_slice(s);
+    Ok(())
+}
+
+fn put_remaining_length(out: &mut Vec<u8>, mut len: usize) {
+    loop {
+        let mut byte = (len & 0x7f) as u8;
+        len >>= 7;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            return;
+        }
+    }
+}
+
+/// The CONNECT the gate sends rumqttd for an accepted `login`: the same protocol, clean-session flag
+/// and keep-alive; the client id in the back-end namespace (an empty one stays empty, rumqttd assigns
+/// one); the internal login instead of the client's token; no will.
+pub fn forwarded_connect(login: &Login, internal: &InternalLogin) -> Result<Vec<u8>, GateError> {
+    let client_id =
+        if login.client_id.is_empty() { String::new() } else { format!("{CLIENT_ID_PREFIX}{}", login.client_id) };
+    let flags = 0x80 | 0x40 | if login.clean_session { 0x02 } else { 0 };
+    let mut body = Vec::with_capacity(64 + client_id.len());
+    put_string(&mut body, login.protocol.as_bytes())?;
+    body.push(login.level);
+    body.push(flags);
+    body.extend_from_slice(&login.keep_alive.to_be_bytes());
+    put_string(&mut body, client_id.as_bytes())?;
+    put_string(&mut body, internal::USER.as_bytes())?;
+    put_string(&mut body, internal.password().as_bytes())?;
+    let mut packet = vec![CONNECT << 4];
+    put_remaining_length(&mut packet, body.len());
+    packet.extend_from_slice(&body);
+    Ok(packet)
 }
 
 /// Verifies a back-end login: username = the policy name, password = a SAS token of that policy for
@@ -184,54 +273,94 @@ fn publish_topic(body: &[u8]) -> String {
     Cursor { b: body }.string().unwrap_or_default()
 }
 
-/// Serves one client: authenticate its CONNECT, then relay both ways until either side closes.
-pub async fn relay<S>(client: S, upstream: SocketAddr, policies: Arc<Policies>, host: Arc<str>) -> Result<(), GateError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut cr, mut cw) = tokio::io::split(client);
-    let connect = match tokio::time::timeout(CONNECT_TIMEOUT, read_packet(&mut cr)).await {
-        Err(_) => return Err(GateError::ConnectTimeout),
-        Ok(r) => r?.ok_or(GateError::NotConnect)?,
-    };
-    if connect.kind != CONNECT {
-        return Err(GateError::NotConnect);
-    }
-    let login = parse_connect(&connect.bytes[connect.body_at..])?;
-    if login.level != 4 && login.level != 3 {
-        refuse(&mut cw, RC_UNACCEPTABLE_PROTOCOL).await;
-        return Err(GateError::Protocol(login.level));
-    }
-    let (Some(user), Some(pass)) = (login.username.as_deref(), login.password.as_deref()) else {
-        refuse(&mut cw, RC_NOT_AUTHORIZED).await;
-        return Err(GateError::Refused(AuthError::Missing));
-    };
-    if let Err(e) = verify_login(&policies, &host, user, pass) {
-        let rc = if matches!(e, AuthError::MissingPermission { .. }) { RC_NOT_AUTHORIZED } else { RC_BAD_CREDENTIALS };
-        refuse(&mut cw, rc).await;
-        return Err(GateError::Refused(e));
-    }
-    let up = connect_upstream(upstream).await?;
-    let (mut ur, mut uw) = up.into_split();
-    uw.write_all(&connect.bytes).await?;
-    let to_broker = async {
-        loop {
-            let Some(p) = read_packet(&mut cr).await? else { return Ok::<_, GateError>(()) };
-            if p.kind == PUBLISH {
-                return Err(GateError::Publish(publish_topic(&p.bytes[p.body_at..])));
-            }
-            uw.write_all(&p.bytes).await?;
+/// What every relayed connection shares.
+pub struct Gate {
+    /// rumqttd's internal listener.
+    pub upstream: SocketAddr,
+    pub policies: Arc<Policies>,
+    /// The hub host name tokens are signed for.
+    pub host: Arc<str>,
+    pub internal: Arc<InternalLogin>,
+    /// CONNECT must arrive this soon after the TLS handshake, and rumqttd must answer it this soon.
+    pub connect_timeout: Duration,
+}
+
+impl Gate {
+    /// Serves one client: authenticate its CONNECT, forward it rewritten, then relay both ways until
+    /// either side closes. `permit` becomes authenticated when rumqttd accepts the CONNECT.
+    pub async fn relay<S>(&self, client: S, permit: &mut ConnPermit) -> Result<(), GateError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (mut cr, mut cw) = tokio::io::split(client);
+        let connect = match tokio::time::timeout(self.connect_timeout, read_packet(&mut cr)).await {
+            Err(_) => return Err(GateError::ConnectTimeout(self.connect_timeout)),
+            Ok(r) => r?.ok_or(GateError::NotConnect)?,
+        };
+        if connect.kind != CONNECT {
+            return Err(GateError::NotConnect);
         }
-    };
-    let to_client = async {
-        tokio::io::copy(&mut ur, &mut cw).await?;
-        cw.shutdown().await?;
-        Ok::<_, GateError>(())
-    };
-    // Whichever side ends first ends the session; dropping both halves closes both sockets.
-    tokio::select! {
-        r = to_broker => r,
-        r = to_client => r,
+        let login = parse_connect(&connect.bytes[connect.body_at..])?;
+        if login.level != 4 && login.level != 3 {
+            refuse(&mut cw, RC_UNACCEPTABLE_PROTOCOL).await;
+            return Err(GateError::Protocol(login.level));
+        }
+        let (Some(user), Some(pass)) = (login.username.as_deref(), login.password.as_deref()) else {
+            refuse(&mut cw, RC_NOT_AUTHORIZED).await;
+            return Err(GateError::Refused(AuthError::Missing));
+        };
+        if let Err(e) = verify_login(&self.policies, &self.host, user, pass) {
+            let rc = if matches!(e, AuthError::MissingPermission { .. }) { RC_NOT_AUTHORIZED } else { RC_BAD_CREDENTIALS };
+            refuse(&mut cw, rc).await;
+            return Err(GateError::Refused(e));
+        }
+        if login.will {
+            refuse(&mut cw, RC_NOT_AUTHORIZED).await;
+            return Err(GateError::Will);
+        }
+        let forwarded = match forwarded_connect(&login, &self.internal) {
+            Ok(f) => f,
+            Err(e) => {
+                refuse(&mut cw, RC_IDENTIFIER_REJECTED).await;
+                return Err(e);
+            }
+        };
+        let up = connect_upstream(self.upstream).await?;
+        let (mut ur, mut uw) = up.into_split();
+        uw.write_all(&forwarded).await?;
+        let connack = match tokio::time::timeout(self.connect_timeout, read_packet(&mut ur)).await {
+            Ok(Ok(Some(p))) if p.kind == CONNACK => p,
+            _ => return Err(GateError::Upstream(None)),
+        };
+        cw.write_all(&connack.bytes).await?;
+        let rc = connack.bytes.get(connack.body_at + 1).copied();
+        if rc != Some(0) {
+            let _ = cw.shutdown().await;
+            return Err(GateError::Upstream(rc));
+        }
+        permit.authenticated();
+        let to_broker = async {
+            loop {
+                let Some(p) = read_packet(&mut cr).await? else { return Ok::<_, GateError>(()) };
+                if p.kind == PUBLISH {
+                    return Err(GateError::Publish(publish_topic(&p.bytes[p.body_at..])));
+                }
+                if !allowed_after_connect(p.kind) {
+                    return Err(GateError::Forbidden(p.kind));
+                }
+                uw.write_all(&p.bytes).await?;
+            }
+        };
+        let to_client = async {
+            tokio::io::copy(&mut ur, &mut cw).await?;
+            cw.shutdown().await?;
+            Ok::<_, GateError>(())
+        };
+        // Whichever side ends first ends the session; dropping both halves closes both sockets.
+        tokio::select! {
+            r = to_broker => r,
+            r = to_client => r,
+        }
     }
 }
 
@@ -297,8 +426,12 @@ mod tests {
         assert_eq!(
             l,
             Login {
+                protocol: "MQTT".into(),
                 level: 4,
+                clean_session: true,
+                keep_alive: 60,
                 client_id: "client-1".into(),
+                will: true,
                 username: Some("service".into()),
                 password: Some("SharedAccessSignature sr=x".into())
             }
@@ -378,11 +511,35 @@ mod tests {
         assert!(matches!(read_packet(&mut &huge[..]).await, Err(GateError::TooLarge(_))));
     }
 
+    fn test_gate(policies: Arc<Policies>, upstream: SocketAddr) -> Gate {
+        Gate {
+            upstream,
+            policies,
+            host: Arc::from("localhost"),
+            internal: Arc::new(InternalLogin::generate()),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    fn test_permit() -> (Arc<crate::net::ConnGate>, ConnPermit) {
+        let limits = crate::net::ListenerLimits {
+            max_connections: 4,
+            max_per_source: 0,
+            max_unauthenticated: 4,
+            max_unauthenticated_per_source: 0,
+        };
+        let g = crate::net::ConnGate::new("test", limits);
+        let p = g.admit("127.0.0.1".parse().unwrap()).unwrap();
+        (g, p)
+    }
+
     #[tokio::test]
     async fn bad_login_gets_a_connack_refusal_and_never_reaches_the_broker() {
         let p = Arc::new(Policies::generate());
         // Nothing listens here: a refused login must not even try.
         let nowhere: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let gate = test_gate(p.clone(), nowhere);
+        let (g, mut permit) = test_permit();
         let (mut client, server) = tokio::io::duplex(4096);
         let bytes = packet(
             1,
@@ -395,7 +552,7 @@ mod tests {
             ),
         );
         client.write_all(&bytes).await.unwrap();
-        let r = relay(server, nowhere, p.clone(), Arc::from("localhost")).await;
+        let r = gate.relay(server, &mut permit).await;
         assert!(matches!(r, Err(GateError::Refused(AuthError::BadSignature))), "{r:?}");
         let mut ack = Vec::new();
         client.read_to_end(&mut ack).await.unwrap();
@@ -403,10 +560,87 @@ mod tests {
 
         let (mut client, server) = tokio::io::duplex(4096);
         client.write_all(&packet(1, 0, &connect_body(4, None, None, false))).await.unwrap();
-        let r = relay(server, nowhere, p, Arc::from("localhost")).await;
+        let r = gate.relay(server, &mut permit).await;
         assert!(matches!(r, Err(GateError::Refused(AuthError::Missing))), "{r:?}");
         let mut ack = Vec::new();
         client.read_to_end(&mut ack).await.unwrap();
         assert_eq!(ack, [0x20, 0x02, 0x00, RC_NOT_AUTHORIZED]);
+
+        // A valid login with a will is refused: a will is a publish made on the client's behalf.
+        let owner = p.get("iothubowner").unwrap().primary_key.clone();
+        let (mut client, server) = tokio::io::duplex(4096);
+        let login = connect_body(4, Some("iothubowner"), Some(&token("iothubowner", &owner, "localhost")), true);
+        client.write_all(&packet(1, 0, &login)).await.unwrap();
+        let r = gate.relay(server, &mut permit).await;
+        assert!(matches!(r, Err(GateError::Will)), "{r:?}");
+        let mut ack = Vec::new();
+        client.read_to_end(&mut ack).await.unwrap();
+        assert_eq!(ack, [0x20, 0x02, 0x00, RC_NOT_AUTHORIZED]);
+        assert!(!permit.is_authenticated());
+        assert_eq!(g.unauthenticated(), 1);
+    }
+
+    #[test]
+    fn forwarded_connect_carries_the_internal_login_and_a_namespaced_client_id() {
+        let internal = InternalLogin::generate();
+        let login = parse_connect(&connect_body(4, Some("iothubowner"), Some("SharedAccessSignature x"), true)).unwrap();
+        let f = forwarded_connect(&login, &internal).unwrap();
+        assert_eq!(f[0], 0x10);
+        let body_at = f.iter().skip(1).position(|b| b & 0x80 == 0).unwrap() + 2;
+        let fwd = parse_connect(&f[body_at..]).unwrap();
+        assert_eq!(fwd.client_id, "svc.client-1");
+        assert_eq!((fwd.username.as_deref(), fwd.password.as_deref()), (Some(internal::USER), Some(internal.password())));
+        assert_eq!((fwd.will, fwd.clean_session, fwd.keep_alive, fwd.level), (false, true, 60, 4));
+        // An empty client id stays empty (rumqttd assigns one); it cannot collide with the feed link's.
+        let mut anon = login;
+        anon.client_id.clear();
+        let f = forwarded_connect(&anon, &internal).unwrap();
+        let body_at = f.iter().skip(1).position(|b| b & 0x80 == 0).unwrap() + 2;
+        assert_eq!(parse_connect(&f[body_at..]).unwrap().client_id, "");
+    }
+
+    /// A fake rumqttd: checks the forwarded CONNECT, accepts it, then records what it receives.
+    #[tokio::test]
+    async fn accepted_login_is_forwarded_rewritten_and_publishes_close_the_connection() {
+        let p = Arc::new(Policies::generate());
+        let owner = p.get("iothubowner").unwrap().primary_key.clone();
+        let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gate = test_gate(p, upstream.local_addr().unwrap());
+        let password = gate.internal.password().to_string();
+        let broker = tokio::spawn(async move {
+            let (mut s, _) = upstream.accept().await.unwrap();
+            let connect = read_packet(&mut s).await.unwrap().unwrap();
+            let login = parse_connect(&connect.bytes[connect.body_at..]).unwrap();
+            assert_eq!(login.username.as_deref(), Some(internal::USER));
+            assert_eq!(login.password.as_deref(), Some(password.as_str()));
+            assert_eq!(login.client_id, "svc.client-1");
+            s.write_all(&[0x20, 0x02, 0x00, 0x00]).await.unwrap();
+            let mut kinds = Vec::new();
+            while let Ok(Some(p)) = read_packet(&mut s).await {
+                kinds.push(p.kind);
+            }
+            kinds
+        });
+        let (g, mut permit) = test_permit();
+        let (mut client, server) = tokio::io::duplex(4096);
+        let login = connect_body(4, Some("iothubowner"), Some(&token("iothubowner", &owner, "localhost")), false);
+        client.write_all(&packet(1, 0, &login)).await.unwrap();
+        client.write_all(&packet(8, 2, &[0, 1, 0, 3, b'a', b'/', b'#', 0])).await.unwrap();
+        client.write_all(&packet(12, 0, &[])).await.unwrap();
+        client.write_all(&packet(3, 0, &[0, 3, b't', b'/', b'x', b'{', b'}'])).await.unwrap();
+        let r = gate.relay(server, &mut permit).await;
+        assert!(matches!(&r, Err(GateError::Publish(t)) if t == "t/x"), "{r:?}");
+        assert!(permit.is_authenticated());
+        assert_eq!(g.unauthenticated(), 0);
+        let mut ack = [0u8; 4];
+        client.read_exact(&mut ack).await.unwrap();
+        assert_eq!(ack, [0x20, 0x02, 0x00, 0x00], "rumqttd's CONNACK reaches the client");
+        assert_eq!(broker.await.unwrap(), [8, 12], "SUBSCRIBE and PINGREQ pass, the PUBLISH does not");
+    }
+
+    #[test]
+    fn only_subscriptions_pings_acks_and_disconnect_pass_after_connect() {
+        let allowed: Vec<u8> = (0..16).filter(|k| allowed_after_connect(*k)).collect();
+        assert_eq!(allowed, [4, 5, 7, 8, 10, 12, 14]);
     }
 }
