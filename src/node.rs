@@ -85,6 +85,8 @@ impl Node {
         let dir = config.data_dir.clone();
         crate::secrets::private_data_dir(&dir)
             .map_err(|source| NodeError::DataDir { path: dir.display().to_string(), source })?;
+        // The metrics recorder first: counters recorded before it exists are lost.
+        crate::http::metrics_handle();
         let gates = crate::net::Gates::new(&config.net);
         let policies = Arc::new(Policies::load_or_create(&dir, config.owner_key.as_deref())?);
         let source = CertSource::from_options(config.tls_cert.clone(), config.tls_key.clone(), &dir, &config.hostname)?;

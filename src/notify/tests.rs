@@ -26,19 +26,7 @@ struct Model {
 }
 
 fn device_spec(id: &str) -> DeviceSpec {
-    DeviceSpec {
-        device_id: id.into(),
-        status: Status::Enabled,
-        status_reason: None,
-        auth: AuthSpec {
-            auth_type: "sas".into(),
-            primary_key: Some("cHJpbWFyeQ==".into()),
-            secondary_key: Some("c2Vjb25kYXJ5".into()),
-            primary_thumbprint: None,
-            secondary_thumbprint: None,
-        },
-        iot_edge: false,
-    }
+    DeviceSpec::test_sas(id)
 }
 
 impl Model {
