@@ -110,6 +110,20 @@ pub fn sas_token(data: &[u8]) {
 /// (twin requests, `$rid` and the query string), reported patches are parsed and validated, and
 /// SUBSCRIBE/UNSUBSCRIBE change a session. Every answer the server would send is encoded.
 pub fn mqtt_packets(data: &[u8]) {
+    let _ = mqtt_session(data);
+}
+
+/// What [`mqtt_packets`] got through, so tests can check that seeds reach past CONNECT.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MqttRun {
+    /// The CONNECT's SAS token verified against the fixed device credentials.
+    pub authenticated: bool,
+    /// Packets handled after CONNECT.
+    pub packets: usize,
+}
+
+/// [`mqtt_packets`], reporting how far the input got.
+pub fn mqtt_session(data: &[u8]) -> MqttRun {
     use crate::mqtt::codec::{self, Codec, Hello, Out};
     use crate::mqtt::connect::{parse_client_id, parse_username};
     use crate::mqtt::error::ConnAckCode;
@@ -117,14 +131,15 @@ pub fn mqtt_packets(data: &[u8]) {
     use crate::mqtt::topics::{self, Inbound, TwinRequest};
 
     let limits = crate::mqtt::Limits::default();
+    let mut run = MqttRun::default();
     let version = match codec::sniff_connect(data, limits.max_connect) {
         Ok(Some(Hello::Level(v))) => v,
-        _ => return,
+        _ => return run,
     };
     let mut codec = Codec::new(version);
     let mut buf = BytesMut::from(data);
     let Ok(Some(Packet::Connect(connect, _props, _will, _, login))) = codec.decode(&mut buf, limits.max_connect) else {
-        return;
+        return run;
     };
     let mut out = BytesMut::new();
     let id = match parse_client_id(&connect.client_id) {
@@ -137,7 +152,8 @@ pub fn mqtt_packets(data: &[u8]) {
         }
         if let Ok(token) = SasToken::parse(&login.password) {
             let creds = device_credentials();
-            let _ = verify_device_token(&token, HOST, &id.device_id, id.module_id.as_deref(), &creds, NOW_SECS);
+            run.authenticated =
+                verify_device_token(&token, HOST, &id.device_id, id.module_id.as_deref(), &creds, NOW_SECS).is_ok();
         }
     }
     codec.encode(Out::ConnAck { session_present: false, code: ConnAckCode::Accepted, properties: None }, &mut out);
@@ -197,8 +213,10 @@ pub fn mqtt_packets(data: &[u8]) {
             Packet::PubAck(..) => {}
             _ => break,
         }
+        run.packets += 1;
         out.clear();
     }
+    run
 }
 
 // ---------------------------------------------------------------------------------------------------

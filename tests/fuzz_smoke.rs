@@ -661,12 +661,24 @@ mod seeds {
             op: Op::UpdateReported { id: TwinId::device("d1"), patch_json: r#"{"a":1}"#.into() },
         };
         let body = wire::encode(&ShardRequest { shard: 3, rpc: vote }).expect("encode");
+        // A heartbeat-plus-one-entry append from leader (term 5, node 2).
+        use openraft::vote::RaftLeaderId;
+        let log_id = |index| twinhub::shard::types::LogId::new(openraft::impls::leader_id_adv::LeaderId::new(5u64, 2u64), index);
+        let entry = twinhub::shard::types::Entry { log_id: log_id(10), payload: openraft::EntryPayload::Normal(cmd.clone()) };
+        let append = openraft::raft::AppendEntriesRequest::<TypeConfig> {
+            vote: openraft::impls::Vote::new_committed(5, 2),
+            prev_log_id: Some(log_id(9)),
+            entries: vec![entry],
+            leader_commit: Some(log_id(9)),
+        };
+        let append = wire::encode(&ShardRequest { shard: 1, rpc: append }).expect("encode");
         let mut headers = b"2\n".to_vec();
         headers.extend_from_slice(format!("{}\n", NOW_SECS * 1000).as_bytes());
         headers.extend_from_slice(b"q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=\n");
         headers.extend_from_slice(&body);
         vec![
             ("vote", body.clone()),
+            ("append", append),
             ("failure_unknown_shard", wire::encode(&RpcFailure::UnknownShard(4)).expect("encode")),
             ("failure_group_stopped", wire::encode(&RpcFailure::GroupStopped { shard: 1, msg: "storage".into() }).expect("encode")),
             ("forwarded_write", postcard::to_allocvec(&(TwinId::module("d1", "m1"), cmd.clone())).expect("encode")),
@@ -694,5 +706,16 @@ fn http_seeds_get_past_authentication() {
     ] {
         let input = std::fs::read(dir.join(name)).expect("seed");
         assert_eq!(fuzzing::http_status(&input), Some(want), "{name}");
+    }
+}
+
+/// The MQTT seeds authenticate and are read to their DISCONNECT, so mutants start deep in a session.
+#[test]
+fn mqtt_seeds_are_whole_sessions() {
+    let dir = manifest_dir().join("fuzz/seeds/mqtt_packets");
+    for name in ["python_v4", "csharp_v4", "node_module_v4", "v5"] {
+        let input = std::fs::read(dir.join(name)).expect("seed");
+        // SUBSCRIBE, GET, reported patch, telemetry, PUBACK, PINGREQ, UNSUBSCRIBE (DISCONNECT ends it).
+        assert_eq!(fuzzing::mqtt_session(&input), fuzzing::MqttRun { authenticated: true, packets: 7 }, "{name}");
     }
 }
