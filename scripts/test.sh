@@ -5,7 +5,8 @@
 #      azure-iot-device 2.14.0 exist (a missing package is pip-installed into an existing venv),
 #   2. cargo build            (the debug `twinhub` binary the tests start),
 #   3. cargo test             (unit tests + integration tests against the real binary),
-#   4. pytest                 (the official Python service and device SDKs against the real binary).
+#   4. fuzz smoke             (every network parser, 20 s of mutated inputs each: tests/fuzz_smoke.rs),
+#   5. pytest                 (the official Python service and device SDKs against the real binary).
 # Fails if any part fails. Works on a fresh machine; installs only what is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -85,7 +86,14 @@ cargo build 2>&1
 failed=()
 
 step "cargo test (unit + integration against the real binary)"
-cargo test --no-fail-fast 2>&1 || failed+=("cargo test")
+# The fuzz smoke tests get their own step and budget below.
+cargo test --no-fail-fast -- --skip fuzz_smoke_ 2>&1 || failed+=("cargo test")
+
+# Stable Rust, no instrumentation: a cold libFuzzer build of the server takes ~8 minutes here, so CI
+# runs the mutation driver instead (fuzz/README.md). A crash fails the run and leaves the input in
+# target/fuzz-smoke/. FUZZ_SMOKE_SECS and FUZZ_SMOKE_SEED override budget and seed.
+step "fuzz smoke: every network parser, ${FUZZ_SMOKE_SECS:-20} s of mutated seed inputs each (fuzz/README.md)"
+FUZZ_SMOKE_SECS="${FUZZ_SMOKE_SECS:-20}" cargo test --test fuzz_smoke -- --nocapture 2>&1 || failed+=("fuzz smoke")
 
 step "pytest: official azure-iot-hub service SDK and azure-iot-device device SDK against the real binary"
 TWINHUB_BIN="$PWD/target/debug/twinhub" "$VENV/bin/python" -m pytest -v -p no:cacheprovider tests/python \

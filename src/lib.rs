@@ -30,6 +30,9 @@ pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod cluster;
+/// Fuzz entry points for every network parser (see `fuzz/README.md`); not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod ids;
 pub mod jobs;

@@ -12,12 +12,12 @@
 //! - `topics`: topic classification in the identity's scope, filters and matching.
 //! - `error`: the only place where errors become status codes, CONNACK codes and DISCONNECT reasons.
 
-mod codec;
-mod connect;
+pub(crate) mod codec;
+pub(crate) mod connect;
 mod connection;
-mod error;
-mod session;
-mod topics;
+pub(crate) mod error;
+pub(crate) mod session;
+pub(crate) mod topics;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
