@@ -459,16 +459,19 @@ pub fn cluster_wire(data: &[u8]) {
     cluster_auth_headers(data);
 }
 
-/// The three signature headers of a cluster message (`\n`-separated in `data`: node, timestamp,
-/// signature, then the body) parsed against a fixed clock and checked against a fixed secret. Kept
+/// The signature headers of a cluster message (`\n`-separated in `data`: node, timestamp, nonce, body
+/// length, body digest, signature, then the body) parsed against a fixed clock and checked, as a
+/// request and as a response, against a fixed secret; then the body against the signed digest. Kept
 /// apart because the header scheme changes independently of the wire format.
 fn cluster_auth_headers(data: &[u8]) {
-    use crate::cluster::transport::auth::{Claim, ClusterSecret, HEADER_NODE, HEADER_SIG, HEADER_TS};
+    use crate::cluster::transport::auth::{
+        Claim, ClusterSecret, Nonce, HEADER_BODY_LEN, HEADER_BODY_SHA256, HEADER_NODE, HEADER_NONCE, HEADER_SIG, HEADER_TS,
+    };
 
     const NOW_MS: u64 = NOW_SECS as u64 * 1000;
-    let mut parts = data.splitn(4, |&b| b == b'\n');
+    let mut parts = data.splitn(7, |&b| b == b'\n');
     let mut headers = axum::http::HeaderMap::new();
-    for name in [HEADER_NODE, HEADER_TS, HEADER_SIG] {
+    for name in [HEADER_NODE, HEADER_TS, HEADER_NONCE, HEADER_BODY_LEN, HEADER_BODY_SHA256, HEADER_SIG] {
         let Some(value) = parts.next() else { break };
         if let Ok(v) = axum::http::HeaderValue::from_bytes(value) {
             headers.insert(name, v);
@@ -477,6 +480,8 @@ fn cluster_auth_headers(data: &[u8]) {
     let body = parts.next().unwrap_or_default();
     let Ok(claim) = Claim::from_headers(&headers, NOW_MS) else { return };
     if let Ok(secret) = ClusterSecret::new(b"fuzz cluster secret") {
-        let _ = claim.verify(&secret, "/cluster/v1/raft/append", body);
+        let _ = claim.verify_request(&secret, "POST", "/cluster/v2/raft/append");
+        let _ = claim.verify_response(&secret, 200, "/cluster/v2/raft/append", Nonce([7; 16]));
+        let _ = claim.check_body(body);
     }
 }

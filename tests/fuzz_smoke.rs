@@ -685,7 +685,7 @@ mod seeds {
             ("map_write_json", serde_json::to_vec(&cmd).expect("encode")),
             ("event_tail", postcard::to_allocvec(&(2u32, Some(17u64))).expect("encode")),
             ("join_json", br#"[4,"10.0.0.4:7000"]"#.to_vec()),
-            ("endpoint", b"/cluster/v1/call/twin.write".to_vec()),
+            ("endpoint", b"/cluster/v2/call/twin.write".to_vec()),
             ("signed_vote", headers),
         ]
     }
