@@ -114,6 +114,17 @@ impl Window {
     }
 }
 
+/// When a job started at `started_ms` must have finished; `None` without a limit (0). The limit is
+/// whatever u64 the client sent in `maxExecutionTimeInSeconds`: a huge one means "no practical
+/// limit", so the arithmetic saturates (`secs as i64 * 1000` overflowed: a panic in debug builds, a
+/// wrapped, past deadline that failed the job at once in release builds).
+fn deadline_ms(started_ms: i64, max_execution_secs: u64) -> Option<i64> {
+    (max_execution_secs > 0).then(|| {
+        let limit_ms = i64::try_from(max_execution_secs).unwrap_or(i64::MAX).saturating_mul(1000);
+        started_ms.saturating_add(limit_ms)
+    })
+}
+
 async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
     use futures::StreamExt;
     let spec = &job.spec;
@@ -139,7 +150,7 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
     };
     let mut window = Window::new(remaining.len());
     meta(twins, checkpoint(&window, 0)).await?;
-    let deadline = (spec.max_execution_secs > 0).then(|| started.saturating_add(spec.max_execution_secs as i64 * 1000));
+    let deadline = deadline_ms(started, spec.max_execution_secs);
     let mut throttle = tokio::time::interval(Duration::from_micros(1_000_000 / RATE_PER_SEC));
     throttle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut in_flight = futures::stream::FuturesUnordered::new();
@@ -251,4 +262,36 @@ async fn outcome_counts(twins: &Twins, job_id: &str) -> Result<(u64, u64), Shard
         }
     }
     Ok((ok, failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{deadline_ms, Window};
+
+    /// The cursor only covers devices whose whole prefix is done, whatever order they finish in.
+    #[test]
+    fn window_prefix_follows_the_oldest_unfinished_device() {
+        let mut w = Window::new(5);
+        w.finish(1);
+        w.finish(2);
+        assert_eq!((w.prefix, w.completed), (0, 2));
+        w.finish(0);
+        assert_eq!((w.prefix, w.completed), (3, 3));
+        w.finish(2);
+        w.finish(9);
+        assert_eq!((w.prefix, w.completed), (3, 3), "repeats and strays change nothing");
+        w.finish(4);
+        w.finish(3);
+        assert_eq!((w.prefix, w.completed), (5, 5));
+    }
+
+    /// Any `maxExecutionTimeInSeconds` a client sends gives a deadline, never an overflow.
+    #[test]
+    fn deadline_saturates_for_huge_limits() {
+        assert_eq!(deadline_ms(1_000, 0), None);
+        assert_eq!(deadline_ms(1_000, 2), Some(3_000));
+        assert_eq!(deadline_ms(1_000, u64::MAX), Some(i64::MAX));
+        assert_eq!(deadline_ms(1_000, i64::MAX as u64 / 1000 + 1), Some(i64::MAX));
+        assert_eq!(deadline_ms(i64::MAX - 5, 1), Some(i64::MAX));
+    }
 }

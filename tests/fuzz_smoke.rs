@@ -719,3 +719,21 @@ fn mqtt_seeds_are_whole_sessions() {
         assert_eq!(fuzzing::mqtt_session(&input), fuzzing::MqttRun { authenticated: true, packets: 7 }, "{name}");
     }
 }
+
+/// The driver fails on a panic the code under test lets through and on one it catches itself (as
+/// the MQTT codec does around rumqttd), and passes quiet inputs.
+#[test]
+fn driver_sees_caught_and_uncaught_panics() {
+    install_hook();
+    fn quiet(_: &[u8]) {}
+    fn loud(data: &[u8]) {
+        assert!(data.is_empty(), "boom");
+    }
+    fn swallowed(data: &[u8]) {
+        let _ = std::panic::catch_unwind(|| loud(data));
+    }
+    assert_eq!(check(quiet, b"x"), None);
+    assert!(check(loud, b"x").is_some_and(|m| m.contains("boom")));
+    assert!(check(swallowed, b"x").is_some_and(|m| m.contains("boom")));
+    assert_eq!(check(swallowed, b""), None);
+}
