@@ -108,7 +108,10 @@ pub fn sas_token(data: &[u8]) {
 /// name and password (SAS token) are parsed and checked against fixed credentials; then every further
 /// packet is decoded in a loop (at most 64), PUBLISH topics are classified in the identity's scope
 /// (twin requests, `$rid` and the query string), reported patches are parsed and validated, and
-/// SUBSCRIBE/UNSUBSCRIBE change a session. Every answer the server would send is encoded.
+/// SUBSCRIBE/UNSUBSCRIBE change a session. Every answer the server would send is encoded. Unlike
+/// the server, it reads on whether or not CONNECT authenticates (so that a mutated token does not
+/// hide everything after it); where the server closes the connection (QoS 2, a topic out of scope or
+/// not UTF-8, a packet a client may not send) it stops.
 pub fn mqtt_packets(data: &[u8]) {
     let _ = mqtt_session(data);
 }
