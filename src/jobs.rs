@@ -89,24 +89,22 @@ fn job_status(twins: &Twins, job_id: &str) -> Option<JobStatus> {
     twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(job_id).map(|j| j.status)))
 }
 
-/// Where a runner's window stands: which of its devices are done, and the longest done prefix.
+/// Where a runner's window stands: which of its devices are done, and the longest done prefix. Only
+/// the prefix is ever recorded (as the cursor, and as the count of devices done): a runner that
+/// resumes redoes what lies past the cursor, so counting those devices too would count them twice.
 struct Window {
     done: Vec<bool>,
     prefix: usize,
-    completed: u64,
 }
 
 impl Window {
     fn new(n: usize) -> Window {
-        Window { done: vec![false; n], prefix: 0, completed: 0 }
+        Window { done: vec![false; n], prefix: 0 }
     }
 
     fn finish(&mut self, i: usize) {
         if let Some(d) = self.done.get_mut(i) {
-            if !*d {
-                *d = true;
-                self.completed += 1;
-            }
+            *d = true;
         }
         while self.done.get(self.prefix).copied().unwrap_or(false) {
             self.prefix += 1;
@@ -141,7 +139,7 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
         tracing::info!(job = %spec.job_id, done_before, remaining = remaining.len(), "resuming job from its checkpoint");
     }
     let checkpoint = |w: &Window, running: usize| {
-        let done = done_before + w.completed;
+        let done = done_before + w.prefix as u64;
         JobOp::Checkpoint {
             job_id: spec.job_id.clone(),
             stats: JobStats { device_count: total, succeeded: done, failed: 0, running: running as u64, pending: total.saturating_sub(done) },
@@ -274,15 +272,15 @@ mod tests {
         let mut w = Window::new(5);
         w.finish(1);
         w.finish(2);
-        assert_eq!((w.prefix, w.completed), (0, 2));
+        assert_eq!(w.prefix, 0);
         w.finish(0);
-        assert_eq!((w.prefix, w.completed), (3, 3));
+        assert_eq!(w.prefix, 3);
         w.finish(2);
         w.finish(9);
-        assert_eq!((w.prefix, w.completed), (3, 3), "repeats and strays change nothing");
+        assert_eq!(w.prefix, 3, "repeats and strays change nothing");
         w.finish(4);
         w.finish(3);
-        assert_eq!((w.prefix, w.completed), (5, 5));
+        assert_eq!(w.prefix, 5);
     }
 
     /// Any `maxExecutionTimeInSeconds` a client sends gives a deadline, never an overflow.
