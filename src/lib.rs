@@ -2,7 +2,7 @@
 //!
 //! # Layout
 //!
-//! The modules follow the path of a write (see `../shared/spec/architecture.md`):
+//! The modules follow the path of a write:
 //!
 //! - [`model`]: the pure twin model: documents, `$metadata`, versions, etags, limits, the identity
 //!   registry and the deterministic `apply` of a [`model::Command`]. No I/O, no clock.

@@ -36,8 +36,8 @@ use crate::ids::TwinId;
 /// Maximum modules on one device (IoT Hub: 20).
 pub const MAX_MODULES_PER_DEVICE: usize = 20;
 
-/// What a successful command answers. JSON documents are rendered in the REST shapes of
-/// `../shared/spec/azure-compat.md` §3.1–3.2 (the twin document, Device, Module).
+/// What a successful command answers. JSON documents are rendered in IoT Hub's REST shapes (the twin
+/// document, Device, Module), as the service SDKs parse them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
     /// A Device document (PUT /devices/{id}).
