@@ -6,12 +6,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use rumqttc::tokio_rustls::rustls;
 use rumqttc::{
     AsyncClient, ConnectReturnCode, ConnectionError, Event, MqttOptions, Packet, QoS, TlsConfiguration, Transport,
 };
@@ -496,17 +494,8 @@ async fn slow_consumer_gets_coalesced_events_that_add_up_to_the_committed_twin()
 // The event broker
 
 fn broker_options(srv: &Server, client_id: &str) -> MqttOptions {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut &srv.ca_pem[..]) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     let mut o = MqttOptions::new(client_id, "localhost", srv.events_port);
-    o.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(config))));
+    o.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(tls_client_config(&srv.ca_pem))));
     o.set_keep_alive(Duration::from_secs(30));
     o.set_max_packet_size(2 * 1024 * 1024, 64 * 1024);
     o

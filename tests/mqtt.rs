@@ -881,10 +881,7 @@ async fn tls_1_2_connection_with_the_generated_ca() {
     let srv = Server::start_default();
     let api = srv.owner();
     let dev = new_device(&api, "tlsdev").await;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut &srv.ca_pem[..]) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
+    let roots = ca_roots(&srv.ca_pem);
     // Like the Python SDK: exactly TLS 1.2, hostname checked against the certificate.
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_protocol_versions(&[&rustls::version::TLS12])

@@ -14,7 +14,6 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -54,16 +53,7 @@ async fn tcp_from(from: IpAddr, port: u16) -> std::io::Result<TcpStream> {
 }
 
 fn tls_connector(ca_pem: &[u8]) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut &ca_pem[..]) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(tls_client_config(ca_pem))
 }
 
 type Tls = tokio_rustls::client::TlsStream<TcpStream>;

@@ -9,7 +9,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -193,16 +192,7 @@ async fn connect_from(source: [u8; 4], port: u16) -> std::io::Result<TcpStream> 
 }
 
 fn tls_connector(srv: &Server) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut &srv.ca_pem[..]) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(tls_client_config(&srv.ca_pem))
 }
 
 /// Opens `n` TCP connections that send nothing, then says which of them the server closed within
@@ -258,19 +248,8 @@ async fn raw_backend(srv: &Server, source: [u8; 4], client_id: &str) -> tokio_ru
 
 /// rumqttc back end over TLS from 127.0.0.1, subscribed to `twin-changes/#`.
 async fn backend(srv: &Server, client_id: &str) -> (AsyncClient, rumqttc::EventLoop) {
-    let mut roots = rumqttc::tokio_rustls::rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut &srv.ca_pem[..]) {
-        roots.add(cert.expect("CA PEM")).expect("add CA");
-    }
-    let config = rumqttc::tokio_rustls::rustls::ClientConfig::builder_with_provider(Arc::new(
-        rumqttc::tokio_rustls::rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let mut o = MqttOptions::new(client_id, "localhost", srv.events_port);
-    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(Arc::new(config))));
+    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls_client_config(&srv.ca_pem))));
     o.set_keep_alive(Duration::from_secs(30));
     o.set_max_packet_size(2 * 1024 * 1024, 64 * 1024);
     o.set_credentials("iothubowner", owner_token(srv));

@@ -795,3 +795,24 @@ pub fn twin_state(twin: &Value) -> Value {
 
 /// Multi-node clusters (`twinhub cluster up`).
 pub mod cluster;
+
+/// A root store holding only the server's generated CA.
+pub fn ca_roots(ca_pem: &[u8]) -> rumqttc::tokio_rustls::rustls::RootCertStore {
+    let mut roots = rumqttc::tokio_rustls::rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut &ca_pem[..]) {
+        roots.add(cert.expect("CA PEM")).expect("add CA");
+    }
+    roots
+}
+
+/// A rustls client configuration (ring, the default protocol versions) trusting only `ca_pem`: what
+/// the tests' raw TLS sockets and MQTT-over-TLS clients use.
+pub fn tls_client_config(ca_pem: &[u8]) -> std::sync::Arc<rumqttc::tokio_rustls::rustls::ClientConfig> {
+    use rumqttc::tokio_rustls::rustls;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(ca_roots(ca_pem))
+        .with_no_client_auth();
+    std::sync::Arc::new(config)
+}
