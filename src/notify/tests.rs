@@ -14,7 +14,7 @@ use super::coalesce::{apply_patch, merge_metadata, section_patch};
 use super::event::change_of;
 use super::queue::{Change, FeedQueue, Offered, PushQueue};
 use super::*;
-use crate::model::{AuthSpec, Command, DeviceSpec, Op, RequestId, ShardState, Status};
+use crate::model::{Command, DeviceSpec, Op, RequestId, ShardState};
 
 // ------------------------------------------------------------------------------------------------
 // A small model driver
