@@ -4,7 +4,7 @@
 //! Starts the `twinhub` binary (the one cargo built for this bench, i.e. the release profile, or
 //! `TWINHUB_BIN`) with a plain-TCP MQTT listener (the harness passes `--mqtt-plain-listen 127.0.0.1:0`;
 //! the port comes from `DIR/listen.json`), creates N devices over HTTPS and connects one rumqttc client per
-//! device with an IoT Hub device SAS token (spec §1.3). Then:
+//! device with an IoT Hub device SAS token (docs/iothub-protocol.md §1.3). Then:
 //!
 //!   (a) reported patches: every device publishes `$iothub/twin/PATCH/properties/reported/?$rid=…` and
 //!       waits for `$iothub/twin/res/204/?$rid=…` (closed loop) for D seconds → throughput, p50/p90/p99;
@@ -124,7 +124,7 @@ struct Device {
     closing: Arc<AtomicBool>,
 }
 
-/// `SharedAccessSignature sr={quote(host/devices/id)}&sig={quote(b64 hmac)}&se={expiry}` (spec §1.3).
+/// `SharedAccessSignature sr={quote(host/devices/id)}&sig={quote(b64 hmac)}&se={expiry}` (docs/iothub-protocol.md §1.3).
 fn device_sas(device_id: &str, key: &str, expiry: u64) -> String {
     let sr = py_quote(&format!("{HOST}/devices/{device_id}"), "");
     let sig = sign(key, &format!("{sr}\n{expiry}"));

@@ -1,4 +1,4 @@
-//! Twin change notifications (spec §3.5) against the real `twinhub` binary: the SSE feed on the HTTPS
+//! Twin change notifications (docs/iothub-protocol.md §3.5) against the real `twinhub` binary: the SSE feed on the HTTPS
 //! API (`GET /twin-changes`), resuming with `Last-Event-ID`, coalescing for a slow consumer, and the
 //! embedded event broker (MQTT over TLS, policy SAS login, `twin-changes/{deviceId}` topics).
 

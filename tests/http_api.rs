@@ -1,4 +1,4 @@
-//! The HTTPS service API (spec §3.1–3.2) against the real `twinhub` binary: registry, twins,
+//! The HTTPS service API (docs/iothub-protocol.md §3.1–3.2) against the real `twinhub` binary: registry, twins,
 //! optimistic concurrency, SAS auth, malformed input and limits.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The device MQTT endpoint (spec §1) against the real `twinhub` binary, with the real Rust MQTT client
+//! The device MQTT endpoint (docs/iothub-protocol.md §1) against the real `twinhub` binary, with the real Rust MQTT client
 //! `rumqttc` (3.1.1 and 5) and raw sockets where a client library would hide the behaviour.
 //!
 //! Tests that need the notification hub's desired pushes: `desired_patch_and_replace_are_pushed`,
@@ -534,7 +534,7 @@ async fn desired_patch_and_replace_are_pushed() {
     assert_eq!(v1, v0 + 1);
     assert_eq!(body, json!({"a": 1, "b": 2, "$version": v1}));
 
-    // PUT {a:1,c:100} over {a:1,b:2}: the difference, with null for the removed key (spec §3.2).
+    // PUT {a:1,c:100} over {a:1,b:2}: the difference, with null for the removed key (docs/iothub-protocol.md §3.2).
     api.must_ok("PUT", "/twins/pushdev", Some(&json!({"properties": {"desired": {"a": 1, "c": 100}}})), &[]).await;
     let (v2, body) = d.desired_push(WAIT).await.expect("no desired push after PUT");
     assert_eq!(v2, v1 + 1);

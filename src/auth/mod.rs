@@ -1,4 +1,4 @@
-//! SAS token verification (spec §1.3) and the hub's shared access policies.
+//! SAS token verification (docs/iothub-protocol.md §1.3) and the hub's shared access policies.
 
 pub mod client;
 mod policy;

@@ -1,6 +1,6 @@
 //! The chaos suite's history checker: pure functions over a recorded [`History`], no I/O.
 //!
-//! The runner (issue 5) drives concurrent HTTP and MQTT clients against a real cluster while injecting
+//! The runner drives concurrent HTTP and MQTT clients against a real cluster while injecting
 //! faults, records every op with its client-side invoke and complete times and what the answer said,
 //! and hands the history to [`check`]. Each twin is checked on its own:
 //!

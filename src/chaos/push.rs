@@ -1,4 +1,4 @@
-//! Desired pushes, per device connection: `$version`s strictly increase (invariant 7), no push carries a
+//! Desired pushes, per device connection: `$version`s strictly increase (docs/architecture.md, invariant 7), no push carries a
 //! version that was never committed, and the pushes converge: replaying them over the connection's last
 //! GET gives the final desired. Coalescing may skip versions, which replay tolerates: a coalesced patch
 //! is the composition of the patches it replaces, and a patch already reflected re-applies as a no-op.

@@ -1,4 +1,4 @@
-//! Jobs v2 routes (spec §3.4): `PUT /jobs/v2/{id}`, `GET /jobs/v2/{id}`, `POST /jobs/v2/{id}/cancel`,
+//! Jobs v2 routes (docs/iothub-protocol.md §3.4): `PUT /jobs/v2/{id}`, `GET /jobs/v2/{id}`, `POST /jobs/v2/{id}/cancel`,
 //! `GET /jobs/v2/query`. Only `scheduleUpdateTwin` runs (direct methods do not exist here); the request
 //! is validated completely (condition syntax, the twin patch, times) before anything is stored.
 

@@ -1,4 +1,4 @@
-//! The HTTPS service API: identity registry and twins in IoT Hub's REST shapes (spec §3.1–3.2).
+//! The HTTPS service API: identity registry and twins in IoT Hub's REST shapes (docs/iothub-protocol.md §3.1–3.2).
 //!
 //! Handlers authenticate, parse and validate the body *before* proposing (bad input costs no log
 //! entry), build a [`crate::model::Command`] and hand it to [`crate::twin::Twins`]. Every failure is an

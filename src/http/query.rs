@@ -1,4 +1,4 @@
-//! `POST /devices/query` (spec §3.3): the IoT Hub query language over every shard.
+//! `POST /devices/query` (docs/iothub-protocol.md §3.3): the IoT Hub query language over every shard.
 //!
 //! The query is parsed here first (a syntax error is a 400 naming the position, before any shard is
 //! asked), then sent to every shard at once; each answers its part (rows after the continuation

@@ -1,4 +1,4 @@
-//! Identity registry routes (spec §3.1) and statistics.
+//! Identity registry routes (docs/iothub-protocol.md §3.1) and statistics.
 
 use std::collections::HashMap;
 

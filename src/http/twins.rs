@@ -1,4 +1,4 @@
-//! Twin routes (spec §3.2): GET, PATCH (merge) and PUT (replace) of device and module twins.
+//! Twin routes (docs/iothub-protocol.md §3.2): GET, PATCH (merge) and PUT (replace) of device and module twins.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -56,7 +56,7 @@ pub enum Reply {
     Bulk(bulk::BulkOutcome),
 }
 
-/// A change derived from committed state, for desired pushes and twin change events (issue 3 consumes
+/// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
 /// these). Every event carries the versions it reflects.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Event {

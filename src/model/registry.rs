@@ -1,4 +1,4 @@
-//! Identities (devices and modules) with their twins, and their REST renderings (spec §3.1–3.2).
+//! Identities (devices and modules) with their twins, and their REST renderings (docs/iothub-protocol.md §3.1–3.2).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};

@@ -1,5 +1,5 @@
-//! Topic names and filters of IoT Hub's device protocol (spec §1.4), always read in the scope of the
-//! connection's identity (architecture invariant 8): a topic never says *which* twin, the connection does.
+//! Topic names and filters of IoT Hub's device protocol (docs/iothub-protocol.md §1.4), always read in the scope of the
+//! connection's identity (docs/architecture.md, invariant 8): a topic never says *which* twin, the connection does.
 //! Pure functions, no I/O.
 
 use crate::ids::TwinId;
@@ -88,7 +88,7 @@ struct QueryError<'a> {
 }
 
 /// The `$rid` of a twin request's query string. `$rid` must come first and every parameter must be
-/// `key=value` (spec §1.4); when the rule is broken but a `$rid` exists, it is returned with the error
+/// `key=value` (docs/iothub-protocol.md §1.4); when the rule is broken but a `$rid` exists, it is returned with the error
 /// so that the answer can still reach the requester.
 fn parse_query(query: &str) -> Result<&str, QueryError<'_>> {
     let params: Vec<&str> = query.split('&').collect();

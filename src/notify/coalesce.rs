@@ -1,6 +1,6 @@
 //! Exact merging of pending changes: two JSON merge patches (RFC 7386) become one only when applying
 //! the merged patch to *any* document gives the same result as applying both in order. That is what
-//! lets a busy subscriber skip intermediate states without ever losing the final one (architecture
+//! lets a busy subscriber skip intermediate states without ever losing the final one (docs/architecture.md,
 //! invariant 7).
 //!
 //! Pure functions, no I/O: the queues in `queue.rs` decide *when* to merge, this module decides

@@ -1,4 +1,4 @@
-//! From model events to change events as IoT Hub's back-end streams carry them (spec §3.5): the
+//! From model events to change events as IoT Hub's back-end streams carry them (docs/iothub-protocol.md §3.5): the
 //! application properties, the body, and the JSON form that SSE and the broker send.
 
 use serde_json::{json, Map, Value};

@@ -4,7 +4,7 @@
 //! Every replica's state machine hands the events of each applied command to [`Hub::publish`] (through
 //! [`Hub::sink`]), in log order per shard. Publishing only queues: each subscriber has its own bounded
 //! queue, and while a subscriber is busy its pending notifications for one twin merge into one that
-//! carries the latest version (architecture invariant 7: never backwards, never skipping the final state).
+//! carries the latest version (docs/architecture.md, invariant 7: never backwards, never skipping the final state).
 //!
 //! # Layout
 //! - `coalesce.rs`: pure, exact merging of JSON merge patches, `$metadata` and change bodies.

@@ -312,7 +312,7 @@ fn desired_pushes_reach_the_committed_desired_state() {
                 section_patch(&obj_at(&t, "/properties/desired")),
             )
         };
-        // Connect: register, then read the twin (the device flow of spec §1.6).
+        // Connect: register, then read the twin (the device flow of docs/iothub-protocol.md §1.6).
         let mut queue = PushQueue::new(capacity);
         let (mut version, mut doc) = read(&model);
         let mut last_taken = i64::MIN;

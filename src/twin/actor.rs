@@ -62,7 +62,7 @@ impl Actor for TwinActor {
     }
 }
 
-/// Rejects a request whose If-Match cannot match before it costs a log entry (invariant 6). Apply
+/// Rejects a request whose If-Match cannot match before it costs a log entry (docs/architecture.md, invariant 6). Apply
 /// checks If-Match again on the committed order, so this is only an optimisation, and it must never
 /// reject what apply would accept: this replica may lag (a deposed leader that does not know it yet,
 /// a leader whose storage failed), so only an etag *older* than the state applied here is rejected

@@ -428,7 +428,7 @@ pub fn parse_connection_string(s: &str) -> std::collections::HashMap<String, Str
 }
 
 // ---------------------------------------------------------------------------------------------------
-// SAS tokens (spec §1.3)
+// SAS tokens (docs/iothub-protocol.md §1.3)
 
 /// Python's `urllib.parse.quote(s, safe=safe)`: keeps ASCII alphanumerics, `_.-~` and `safe`.
 pub fn py_quote(s: &str, safe: &str) -> String {
@@ -685,7 +685,7 @@ impl Api {
     }
 
     /// Creates a module with generated keys; returns the Module document. IoT Hub answers module
-    /// creation with 200 or 201 (spec §3.1), both accepted here.
+    /// creation with 200 or 201 (docs/iothub-protocol.md §3.1), both accepted here.
     pub async fn must_create_module(&self, dev: &str, module: &str) -> Value {
         let body = json!({"deviceId": dev, "moduleId": module,
                           "authentication": {"type": "sas", "symmetricKey": {}}});
