@@ -338,7 +338,7 @@ fn http_router() -> axum::Router {
     static ROUTER: OnceLock<axum::Router> = OnceLock::new();
     ROUTER
         .get_or_init(|| {
-            let state = Arc::new(crate::http::AppState { twins: None, hub: None, policies: policies(), host: HOST.into() });
+            let state = Arc::new(crate::http::AppState { twins: None, hub: None, policies: policies(), host: HOST.into(), mqtt_ws: None });
             crate::http::router(state)
         })
         .clone()

@@ -142,17 +142,18 @@ impl Node {
         }
         let twins_config = TwinsConfig { follower_reads: config.follower_reads, ..TwinsConfig::default() };
         let twins = Twins::new(shards.clone(), twins_config, transport);
+        let mqtt_limits = crate::mqtt::Limits::new(gates.limits.handshake_timeout, config.mqtt_max_keep_alive);
+        let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone(), gates.mqtt.clone(), mqtt_limits);
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
             hub: Some(hub.clone()),
             policies: policies.clone(),
             host: format!("{}:{}", config.hostname, http_addr.port()),
+            mqtt_ws: Some(crate::http::websocket::MqttOverWebSocket { mqtt: mqtt.clone(), stop: stop.clone() }),
         });
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(listener, tls, app, gates.https.clone(), gates.limits.clone(), stop.clone().cancelled_owned()));
-        let mqtt_limits = crate::mqtt::Limits::new(gates.limits.handshake_timeout, config.mqtt_max_keep_alive);
-        let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone(), gates.mqtt.clone(), mqtt_limits);
         let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(plain_tls.clone()), stop.clone()))];
         if let Some((l, _)) = mqtt_plain {
             tasks.push(tokio::spawn(mqtt.serve(l, None, stop.clone())));

@@ -32,6 +32,9 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("job {0} not found")]
     JobNotFound(String),
+    /// The node holds as many connections of this kind (or from this source) as it may.
+    #[error("connection limit reached: {0}")]
+    ConnectionLimit(&'static str),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -65,6 +68,7 @@ impl ApiError {
             ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             ApiError::JobNotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound"),
+            ApiError::ConnectionLimit(_) => (StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
         }
     }

@@ -14,6 +14,7 @@ mod query;
 mod registry;
 mod serve;
 mod twins;
+pub mod websocket;
 
 use std::sync::Arc;
 
@@ -42,6 +43,8 @@ pub struct AppState {
     pub policies: Arc<Policies>,
     /// The hub host name as clients dial it (`name:port`), for SAS resource checks.
     pub host: String,
+    /// The device MQTT endpoint, for MQTT over WebSockets; `None` in route tests.
+    pub mqtt_ws: Option<websocket::MqttOverWebSocket>,
 }
 
 impl AppState {
@@ -144,7 +147,10 @@ async fn remove_member(
 
 /// Paths served without a credential: load-balancer probes and the Prometheus scrape. None of them
 /// reads a body or takes a label from the request.
-const OPEN_PATHS: [&str; 3] = ["/health", "/ready", "/metrics"];
+const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", WEBSOCKET_PATH];
+
+/// MQTT over WebSockets: open, because the device authenticates in its MQTT CONNECT.
+pub const WEBSOCKET_PATH: &str = "/$iothub/websocket";
 
 /// Longest wait for the next chunk of a request body.
 const BODY_CHUNK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -215,6 +221,7 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/members", axum::routing::post(add_member))
         .route("/cluster/members/{node}", axum::routing::delete(remove_member))
         .route("/metrics", get(metrics::metrics_route))
+        .route(WEBSOCKET_PATH, get(websocket::upgrade))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth_first))

@@ -42,6 +42,8 @@ const H2_MAX_HEADER_LIST: u32 = 64 * 1024;
 /// first request with a valid credential), requests in flight and the time of the last I/O.
 pub struct ConnState {
     permit: Mutex<ConnPermit>,
+    /// The client's address (per-source budgets of protocols carried over this connection).
+    peer: std::net::SocketAddr,
     in_flight: AtomicUsize,
     /// Milliseconds since `born` of the last byte read or written.
     last_io_ms: AtomicU64,
@@ -49,9 +51,10 @@ pub struct ConnState {
 }
 
 impl ConnState {
-    fn new(permit: ConnPermit) -> Arc<ConnState> {
+    fn new(permit: ConnPermit, peer: std::net::SocketAddr) -> Arc<ConnState> {
         Arc::new(ConnState {
             permit: Mutex::new(permit),
+            peer,
             in_flight: AtomicUsize::new(0),
             last_io_ms: AtomicU64::new(0),
             born: Instant::now(),
@@ -61,6 +64,10 @@ impl ConnState {
     /// A request on this connection carried a valid credential.
     pub fn authenticated(&self) {
         self.permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+    }
+
+    pub fn peer(&self) -> std::net::SocketAddr {
+        self.peer
     }
 
     fn is_authenticated(&self) -> bool {
@@ -195,7 +202,7 @@ pub async fn serve(
         let Ok(permit) = gate.admit(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let state = ConnState::new(permit);
+        let state = ConnState::new(permit, peer);
         let service = TowerToHyperService::new(app.clone().layer(axum::Extension(state.clone())));
         let builder = builder.clone();
         let watcher = graceful.watcher();

@@ -188,7 +188,9 @@ impl Mqtt {
         self.connection(stream, peer, permit, stop).await
     }
 
-    async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
+    /// Serves one device connection over an already-secured byte stream: TLS on the MQTT port, or the
+    /// payload of a WebSocket on the HTTPS port. `permit` comes from this endpoint's [`ConnGate`].
+    pub async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {

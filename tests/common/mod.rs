@@ -796,6 +796,9 @@ pub fn twin_state(twin: &Value) -> Value {
 /// Multi-node clusters (`twinhub cluster up`).
 pub mod cluster;
 
+/// Hand-built MQTT packets.
+pub mod raw_mqtt;
+
 /// A root store holding only the server's generated CA.
 pub fn ca_roots(ca_pem: &[u8]) -> rumqttc::tokio_rustls::rustls::RootCertStore {
     let mut roots = rumqttc::tokio_rustls::rustls::RootCertStore::empty();
