@@ -193,7 +193,11 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
                         let publish = codec::outgoing_publish(&answer, Bytes::from_static(b"{}"), 0, 0);
                         codec.encode(Out::Publish(publish), &mut out);
                     }
-                    Inbound::NoRid { .. } | Inbound::Telemetry => {}
+                    Inbound::MethodResponse { rid, .. } => {
+                        let answer = crate::mqtt::methods::answer_json(&p.payload);
+                        assert!(serde_json::from_str::<Value>(&answer).is_ok(), "method answer {answer:?} for {rid:?} is not JSON");
+                    }
+                    Inbound::NoRid { .. } | Inbound::Telemetry | Inbound::BadMethodResponse(_) => {}
                     Inbound::OutOfScope(_) => break,
                 }
                 if header.qos == 1 {
@@ -338,7 +342,7 @@ fn http_router() -> axum::Router {
     static ROUTER: OnceLock<axum::Router> = OnceLock::new();
     ROUTER
         .get_or_init(|| {
-            let state = Arc::new(crate::http::AppState { twins: None, hub: None, policies: policies(), host: HOST.into(), mqtt_ws: None });
+            let state = Arc::new(crate::http::AppState { twins: None, hub: None, policies: policies(), host: HOST.into(), mqtt_ws: None, methods: None });
             crate::http::router(state)
         })
         .clone()

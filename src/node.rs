@@ -141,7 +141,7 @@ impl Node {
             tokio::spawn(async move { s.join(&via, &advertise).await });
         }
         let twins_config = TwinsConfig { follower_reads: config.follower_reads, ..TwinsConfig::default() };
-        let twins = Twins::new(shards.clone(), twins_config, transport);
+        let twins = Twins::new(shards.clone(), twins_config, transport.clone());
         let mqtt_limits = crate::mqtt::Limits::new(gates.limits.handshake_timeout, config.mqtt_max_keep_alive);
         let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone(), gates.mqtt.clone(), mqtt_limits);
         let state = Arc::new(crate::http::AppState {
@@ -150,6 +150,7 @@ impl Node {
             policies: policies.clone(),
             host: format!("{}:{}", config.hostname, http_addr.port()),
             mqtt_ws: Some(crate::http::websocket::MqttOverWebSocket { mqtt: mqtt.clone(), stop: stop.clone() }),
+            methods: Some(crate::mqtt::methods::Methods::new(mqtt.methods.clone(), transport.clone(), shards.clone())),
         });
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::auth::AuthError;
 use crate::model::TwinError;
+use crate::mqtt::methods::MethodError;
 use crate::shard::ShardError;
 
 use super::json_response;
@@ -32,6 +33,8 @@ pub enum ApiError {
     MethodNotAllowed,
     #[error("job {0} not found")]
     JobNotFound(String),
+    #[error(transparent)]
+    Method(#[from] crate::mqtt::methods::MethodError),
     /// The node holds as many connections of this kind (or from this source) as it may.
     #[error("connection limit reached: {0}")]
     ConnectionLimit(&'static str),
@@ -68,6 +71,11 @@ impl ApiError {
             ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, "NotFound"),
             ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             ApiError::JobNotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound"),
+            ApiError::Method(e) => match e {
+                MethodError::NotOnline => (StatusCode::NOT_FOUND, "DeviceNotOnline"),
+                MethodError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
+                MethodError::Busy => (StatusCode::TOO_MANY_REQUESTS, "ThrottlingException"),
+            },
             ApiError::ConnectionLimit(_) => (StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
         }

@@ -9,6 +9,7 @@ mod bulk;
 mod changes;
 pub mod error;
 mod jobs;
+mod methods;
 mod metrics;
 mod query;
 mod registry;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub host: String,
     /// The device MQTT endpoint, for MQTT over WebSockets; `None` in route tests.
     pub mqtt_ws: Option<websocket::MqttOverWebSocket>,
+    /// Direct method routing; `None` in route tests.
+    pub methods: Option<Arc<crate::mqtt::methods::Methods>>,
 }
 
 impl AppState {
@@ -221,6 +224,8 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/members", axum::routing::post(add_member))
         .route("/cluster/members/{node}", axum::routing::delete(remove_member))
         .route("/metrics", get(metrics::metrics_route))
+        .route("/twins/{id}/methods", axum::routing::post(methods::invoke_device))
+        .route("/twins/{id}/modules/{mid}/methods", axum::routing::post(methods::invoke_module))
         .route(WEBSOCKET_PATH, get(websocket::upgrade))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

@@ -17,7 +17,7 @@ const HOST: &str = "localhost:8443";
 
 fn app() -> (Router, Arc<Policies>) {
     let policies = Arc::new(Policies::generate());
-    let state = Arc::new(AppState { twins: None, hub: None, policies: policies.clone(), host: HOST.into(), mqtt_ws: None });
+    let state = Arc::new(AppState { twins: None, hub: None, policies: policies.clone(), host: HOST.into(), mqtt_ws: None, methods: None });
     (router(state), policies)
 }
 

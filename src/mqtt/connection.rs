@@ -11,8 +11,12 @@
 //! PUBACK). If the connection drops before, the client re-sends it (DUP) after reconnecting and the
 //! session's `$rid` memory turns the re-send into the same request id, which the state machine applies
 //! at most once. Telemetry and unanswerable requests are acknowledged in order with the rest.
+//!
+//! Direct method calls come in from the node's method registry (see `methods.rs`): each is published
+//! with a `$rid` this connection generates and waits in `pending_methods` for the device's answer on
+//! `$iothub/methods/res/{status}/?$rid=…`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,13 +27,14 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use rumqttd::protocol::{ConnAckProperties, Packet, Publish};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codec::{self, Codec, DecodeError, Out, Version};
 use super::connect::Credentials;
 use super::error::{Close, ConnAckCode, Refusal, RequestError};
+use super::methods::{MethodCall, MethodError, MethodReply, MAX_PENDING};
 use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIRY};
 use super::topics::{self, Inbound, TwinRequest};
 use super::Mqtt;
@@ -217,6 +222,9 @@ struct Connection {
     next_pkid: u16,
     /// `$version` of the last desired push sent on this connection: what a device sees only increases.
     last_push: Option<i64>,
+    /// Method calls published to the device and not answered yet, by the `$rid` they were sent with.
+    pending_methods: HashMap<String, oneshot::Sender<Result<MethodReply, MethodError>>>,
+    next_method_rid: u64,
 }
 
 impl Connection {
@@ -279,6 +287,8 @@ impl Connection {
             "MQTT connection accepted"
         );
         let _gauge = Gauge::open();
+        // Method calls may reach this connection from now on (and no longer reach an older one).
+        let (mut calls, _methods) = mqtt.methods.attach(&id);
         {
             // Connected is reported in the background: CONNACK does not wait for a Raft commit.
             let (mqtt, sync, client_id, id) = (mqtt.clone(), attached.state_sync.clone(), connect.client_id.clone(), id.clone());
@@ -305,9 +315,11 @@ impl Connection {
             max_unacked: limits.max_unacked.min(client_receive_max).max(1),
             next_pkid: 0,
             last_push: None,
+            pending_methods: HashMap::new(),
+            next_method_rid: 0,
         };
         let close = conn
-            .run(&mut rd, &mut buf, &mut pushes, &stop, &attached.taken_over, &writer_gone, keep_alive)
+            .run(&mut rd, &mut buf, &mut pushes, &mut calls, &stop, &attached.taken_over, &writer_gone, keep_alive)
             .await;
         drop(pushes);
         conn.close(close, writer, rd).await;
@@ -320,6 +332,7 @@ impl Connection {
         rd: &mut R,
         buf: &mut BytesMut,
         pushes: &mut DesiredPushes,
+        calls: &mut mpsc::Receiver<MethodCall>,
         stop: &CancellationToken,
         taken_over: &CancellationToken,
         writer_gone: &CancellationToken,
@@ -365,6 +378,7 @@ impl Connection {
                     Some(p) => self.on_push(p).await,
                     None => Err(Close::PushesLost),
                 },
+                Some(call) = calls.recv() => self.on_method_call(call).await,
                 r = rd.read_buf(buf), if can_read => match r {
                     Ok(0) => Err(Close::PeerClosed),
                     Ok(_) => Ok(()),
@@ -444,6 +458,15 @@ impl Connection {
             Inbound::NoRid { kind, why } => {
                 metrics::counter!("twinhub_mqtt_requests_total", "op" => kind.label(), "status" => "no_rid").increment(1);
                 tracing::info!("dropping a twin request that cannot be answered: {why}");
+                self.ack_only(puback);
+            }
+            Inbound::MethodResponse { status, rid } => {
+                self.on_method_response(status, rid, &p.payload);
+                self.ack_only(puback);
+            }
+            Inbound::BadMethodResponse(why) => {
+                metrics::counter!("twinhub_method_responses_total", "result" => "malformed").increment(1);
+                tracing::info!("dropping a method response: {why}");
                 self.ack_only(puback);
             }
             Inbound::Telemetry => {
@@ -567,6 +590,46 @@ impl Connection {
         metrics::counter!("twinhub_mqtt_desired_pushes_total", "result" => "sent").increment(1);
         tracing::debug!(version = push.version, merged = push.merged, qos, "desired push");
         self.send(Out::Publish(codec::outgoing_publish(&topic, Bytes::from(push.body), qos, pkid))).await
+    }
+
+    /// Publishes a direct method call to the device if it subscribed to methods; the answer comes back
+    /// through [`Self::on_method_response`].
+    async fn on_method_call(&mut self, call: MethodCall) -> Result<(), Close> {
+        self.pending_methods.retain(|_, waiting| !waiting.is_closed());
+        if self.pending_methods.len() >= MAX_PENDING {
+            let _ = call.reply.send(Err(MethodError::Busy));
+            return Ok(());
+        }
+        self.next_method_rid += 1;
+        let rid = self.next_method_rid.to_string();
+        let topic = topics::method_topic(&call.request.name, &rid);
+        let Some(qos) = lock(&self.session).delivery_qos(&topic) else {
+            metrics::counter!("twinhub_method_calls_total", "result" => "not_subscribed").increment(1);
+            let _ = call.reply.send(Err(MethodError::NotOnline));
+            return Ok(());
+        };
+        if qos == 1 && self.unacked.len() >= self.max_unacked {
+            let _ = call.reply.send(Err(MethodError::Busy));
+            return Ok(());
+        }
+        let pkid = if qos == 1 { self.next_pkid() } else { 0 };
+        metrics::counter!("twinhub_method_calls_total", "result" => "sent").increment(1);
+        tracing::debug!(method = call.request.name, rid, qos, "method call");
+        let payload = Bytes::from(call.request.payload_json.into_bytes());
+        self.pending_methods.insert(rid, call.reply);
+        self.send(Out::Publish(codec::outgoing_publish(&topic, payload, qos, pkid))).await
+    }
+
+    /// The device's answer to a call sent on this connection. An answer to no pending call (late, after
+    /// the caller timed out, or made up) is dropped.
+    fn on_method_response(&mut self, status: i64, rid: &str, payload: &[u8]) {
+        let Some(waiting) = self.pending_methods.remove(rid) else {
+            metrics::counter!("twinhub_method_responses_total", "result" => "unmatched").increment(1);
+            tracing::debug!(rid, "method response for no pending call");
+            return;
+        };
+        metrics::counter!("twinhub_method_responses_total", "result" => "matched").increment(1);
+        let _ = waiting.send(Ok(MethodReply { status, payload_json: super::methods::answer_json(payload) }));
     }
 
     /// A packet id not used by an unacknowledged push (the loop stops taking pushes before all are used).

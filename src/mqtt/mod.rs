@@ -15,6 +15,7 @@
 pub(crate) mod codec;
 pub(crate) mod connect;
 mod connection;
+pub mod methods;
 pub(crate) mod error;
 pub(crate) mod session;
 pub(crate) mod topics;
@@ -114,6 +115,8 @@ pub struct Mqtt {
     /// The connection budget both listeners share: every accepted socket takes a permit before the TLS
     /// handshake and holds it until it closes.
     pub gate: Arc<ConnGate>,
+    /// This node's connections that take direct method calls.
+    pub methods: Arc<methods::LocalMethods>,
 }
 
 /// How long `serve` waits, after `stop`, for its connections to finish closing.
@@ -121,7 +124,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
 impl Mqtt {
     pub fn new(twins: Arc<Twins>, hub: Arc<Hub>, hostname: String, gate: Arc<ConnGate>, limits: Limits) -> Arc<Mqtt> {
-        Arc::new(Mqtt { twins, hub, hostname, sessions: Sessions::default(), limits, gate })
+        Arc::new(Mqtt { twins, hub, hostname, sessions: Sessions::default(), limits, gate, methods: Arc::default() })
     }
 
     /// Accepts connections until `stop`, then closes them all (each reports its identity disconnected)

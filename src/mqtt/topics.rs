@@ -8,6 +8,8 @@ const TWIN_GET: &str = "$iothub/twin/GET/";
 const TWIN_PATCH_REPORTED: &str = "$iothub/twin/PATCH/properties/reported/";
 const TWIN_RES: &str = "$iothub/twin/res/";
 const TWIN_PATCH_DESIRED: &str = "$iothub/twin/PATCH/properties/desired/";
+const METHOD_POST: &str = "$iothub/methods/POST/";
+const METHOD_RES: &str = "$iothub/methods/res/";
 
 /// A twin request a device may publish.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +37,10 @@ pub enum Inbound<'a> {
     BadTwinQuery { kind: TwinRequest, rid: &'a str, why: String },
     /// A twin request without `$rid`: there is no way to address an answer, so it is dropped (logged).
     NoRid { kind: TwinRequest, why: String },
+    /// A device's answer to a direct method call: `$iothub/methods/res/{status}/?$rid={rid}`.
+    MethodResponse { status: i64, rid: &'a str },
+    /// A malformed method answer: acknowledged and dropped (it cannot be matched to a call).
+    BadMethodResponse(String),
     /// Device-to-cloud telemetry on the identity's own topic: acknowledged and dropped (out of scope).
     Telemetry,
     /// Anything else (another identity's topic, an unknown `$iothub/...`): the connection is closed.
@@ -58,6 +64,9 @@ pub fn classify<'a>(topic: &'a str, id: &TwinId) -> Inbound<'a> {
             Err(QueryError { rid: None, why }) => Inbound::NoRid { kind, why },
         };
     }
+    if let Some(rest) = topic.strip_prefix(METHOD_RES) {
+        return method_response(rest);
+    }
     if is_own_telemetry(topic, id) {
         return Inbound::Telemetry;
     }
@@ -79,6 +88,27 @@ fn is_own_telemetry(topic: &str, id: &TwinId) -> bool {
         Some(rest) => rest.is_empty() || rest.starts_with('/'),
         None => false,
     }
+}
+
+/// `{status}/?$rid={rid}`, the part of a method answer's topic after `$iothub/methods/res/`.
+fn method_response(rest: &str) -> Inbound<'_> {
+    let Some((status, query)) = rest.split_once("/?") else {
+        return Inbound::BadMethodResponse(format!("method response topic '{METHOD_RES}{rest}' has no '/?$rid='"));
+    };
+    let Ok(status) = status.parse::<i64>() else {
+        return Inbound::BadMethodResponse(format!("method response status '{status}' is not an integer"));
+    };
+    match parse_query(query) {
+        Ok(rid) => Inbound::MethodResponse { status, rid },
+        Err(e) => Inbound::BadMethodResponse(e.why),
+    }
+}
+
+/// `$iothub/methods/POST/{method}/?$rid={rid}`, the method name percent-encoded (the SDKs decode it).
+pub fn method_topic(method: &str, rid: &str) -> String {
+    const SET: &percent_encoding::AsciiSet =
+        &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    format!("{METHOD_POST}{}/?$rid={rid}", percent_encoding::utf8_percent_encode(method, SET))
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -183,6 +213,20 @@ mod tests {
             classify("$iothub/twin/PATCH/properties/reported/?$rid=a%20b&$version=3", &id),
             Inbound::Twin { kind: TwinRequest::PatchReported, rid: "a%20b" }
         );
+    }
+
+    #[test]
+    fn method_topics() {
+        let id = dev();
+        assert_eq!(classify("$iothub/methods/res/200/?$rid=7", &id), Inbound::MethodResponse { status: 200, rid: "7" });
+        assert_eq!(classify("$iothub/methods/res/-1/?$rid=ab", &id), Inbound::MethodResponse { status: -1, rid: "ab" });
+        assert!(matches!(classify("$iothub/methods/res/ok/?$rid=7", &id), Inbound::BadMethodResponse(w) if w.contains("integer")));
+        assert!(matches!(classify("$iothub/methods/res/200", &id), Inbound::BadMethodResponse(_)));
+        assert!(matches!(classify("$iothub/methods/res/200/?x=1", &id), Inbound::BadMethodResponse(_)));
+        assert!(matches!(classify("$iothub/methods/POST/x/?$rid=1", &id), Inbound::OutOfScope(_)), "devices do not call methods");
+        assert_eq!(method_topic("reboot", "5"), "$iothub/methods/POST/reboot/?$rid=5");
+        assert_eq!(method_topic("a/b c#+", "5"), "$iothub/methods/POST/a%2Fb%20c%23%2B/?$rid=5");
+        assert!(matches("$iothub/methods/POST/#", &method_topic("a/b", "1")));
     }
 
     #[test]
