@@ -281,6 +281,46 @@ async fn mqtt_device_on_one_node_sees_writes_made_through_another() {
     c.assert_no_panics();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_method_called_through_any_node_reaches_the_node_holding_the_device() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = Cluster::up(3, SHARDS);
+    c.settle_leadership().await;
+    let dev_node = 2;
+    let id = "method-dev";
+    let doc = c.api(1).must_create_device(id).await;
+    let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("primary key").to_string();
+    let mut d = Dev::connect(c.node(dev_node).mqtt_plain, id, &key).await;
+    d.subscribe("$iothub/methods/POST/#").await;
+    for via in [1, 3, 2] {
+        let api = c.api(via);
+        let call = tokio::spawn(async move {
+            let body = json!({"methodName": "blink", "payload": {"via": via}, "responseTimeoutInSeconds": 10});
+            api.send("POST", &format!("/twins/{id}/methods"), Some(&body), &[]).await
+        });
+        let ev = d
+            .wait_for(|e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/methods/POST/blink/?$rid=")))
+            .await
+            .unwrap_or_else(|| panic!("no method call on node {dev_node} for a call through node {via}\n{}", c.logs_tail()));
+        let Ev::Publish { topic, payload } = ev else { unreachable!() };
+        assert_eq!(serde_json::from_slice::<Value>(&payload).unwrap(), json!({"via": via}));
+        let rid = topic.split("?$rid=").nth(1).expect("rid");
+        d.client
+            .publish(format!("$iothub/methods/res/201/?$rid={rid}"), QoS::AtLeastOnce, false, json!({"blinked": via}).to_string())
+            .await
+            .expect("queue the answer");
+        let r = call.await.unwrap();
+        assert_eq!(r.status, 200, "call through node {via}: {}", r.text);
+        assert_eq!(r.json(), &json!({"status": 201, "payload": {"blinked": via}}), "call through node {via}");
+    }
+    // A device connected nowhere is not online, whichever node is asked.
+    c.api(1).must_create_device("method-offline").await;
+    let r = c.api(3).send("POST", "/twins/method-offline/methods", Some(&json!({"methodName": "blink"})), &[]).await;
+    assert_error(&r, 404, "DeviceNotOnline");
+    let _ = d.client.disconnect().await;
+    c.assert_no_panics();
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Failover
 
