@@ -13,6 +13,7 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
+pub mod method;
 mod registry;
 pub mod time;
 pub mod validate;

@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cluster::transport::{CallError, Transport};
 use crate::ids::TwinId;
+pub use crate::model::method::MethodRequest;
 use crate::shard::Shards;
 
 /// Inter-node call: deliver a method call to a connection held by the callee (never forwarded on).
@@ -39,23 +40,6 @@ pub const MAX_PENDING: usize = 64;
 const CONNECT_POLL: Duration = Duration::from_millis(200);
 /// Extra time a forwarded call gets beyond the device's response timeout.
 const FORWARD_SLACK: Duration = Duration::from_secs(5);
-
-/// Limits of IoT Hub's method API.
-pub const MAX_NAME_LEN: usize = 100;
-pub const MAX_PAYLOAD: usize = 128 * 1024;
-pub const RESPONSE_TIMEOUT: std::ops::RangeInclusive<u64> = 5..=300;
-pub const DEFAULT_RESPONSE_TIMEOUT: u64 = 30;
-pub const CONNECT_TIMEOUT: std::ops::RangeInclusive<u64> = 0..=300;
-
-/// A validated method call.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MethodRequest {
-    pub name: String,
-    /// The payload as JSON text (`null` when the caller sent none).
-    pub payload_json: String,
-    pub response_timeout_secs: u64,
-    pub connect_timeout_secs: u64,
-}
 
 /// The device's answer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
