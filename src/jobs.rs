@@ -1,4 +1,4 @@
-//! The jobs runner: runs `scheduleUpdateTwin` jobs on the node that leads the group holding the job
+//! The jobs runner: runs `scheduleUpdateTwin` and `scheduleDeviceMethod` jobs on the node that leads the group holding the job
 //! records (the metadata group; shard 0 on a single-node hub).
 //!
 //! A job's life: created `queued` (through Raft, by any node's front door); once its start time has
@@ -16,6 +16,10 @@
 //! Devices between the cursor and where the old runner really was get their command again; those
 //! already have a row and answer without applying anything (see `model::jobs`), so every device gets
 //! the update exactly once.
+//!
+//! A method job calls each device's method through [`Methods`] (wherever the device is connected),
+//! at most once per device: the device is claimed through Raft before the call and its answer recorded
+//! after (see `model::jobs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +28,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::TwinId;
-use crate::model::jobs::{Job, JobCursor, JobOp, JobStats, JobStatus};
-use crate::model::{now_ms, Command, Op};
+use crate::model::jobs::{Job, JobCursor, JobOp, JobSpec, JobStats, JobStatus};
+use crate::model::method::MethodRequest;
+use crate::model::{now_ms, Command, Op, Reply};
+use crate::mqtt::methods::Methods;
 use crate::query;
 use crate::shard::ShardError;
 use crate::twin::read::{QueryPart, ReadOp, ReadOut};
@@ -37,7 +43,7 @@ const IN_FLIGHT: usize = 8;
 const RATE_PER_SEC: u64 = 500;
 
 /// Runs until `stop`: every second, starts the due jobs if this node leads the job records.
-pub async fn run(twins: Arc<Twins>, stop: CancellationToken) {
+pub async fn run(twins: Arc<Twins>, methods: Option<Arc<Methods>>, stop: CancellationToken) {
     let mut running: HashMap<String, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -61,7 +67,7 @@ pub async fn run(twins: Arc<Twins>, stop: CancellationToken) {
         for job in due {
             if !running.contains_key(&job.spec.job_id) {
                 tracing::info!(job = %job.spec.job_id, "running job");
-                running.insert(job.spec.job_id.clone(), tokio::spawn(execute(twins.clone(), job)));
+                running.insert(job.spec.job_id.clone(), tokio::spawn(execute(twins.clone(), methods.clone(), job)));
             }
         }
     }
@@ -70,9 +76,9 @@ pub async fn run(twins: Arc<Twins>, stop: CancellationToken) {
     }
 }
 
-async fn execute(twins: Arc<Twins>, job: Job) {
+async fn execute(twins: Arc<Twins>, methods: Option<Arc<Methods>>, job: Job) {
     let id = job.spec.job_id.clone();
-    match run_job(&twins, &job).await {
+    match run_job(&twins, methods.as_deref(), &job).await {
         Ok(()) => tracing::info!(job = %id, "job finished"),
         Err(e) => tracing::warn!(job = %id, "job interrupted (retried while this node leads): {e}"),
     }
@@ -123,7 +129,7 @@ fn deadline_ms(started_ms: i64, max_execution_secs: u64) -> Option<i64> {
     })
 }
 
-async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
+async fn run_job(twins: &Twins, methods: Option<&Methods>, job: &Job) -> Result<(), ShardError> {
     use futures::StreamExt;
     let spec = &job.spec;
     meta(twins, JobOp::Start { job_id: spec.job_id.clone(), at_ms: now_ms() }).await?;
@@ -171,19 +177,28 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
                 window.finish(r?);
             }
         }
-        let cmd = Command::new(
-            Op::JobUpdateTwin {
-                job_id: spec.job_id.clone(),
-                job_type: spec.job_type.clone(),
-                created_ms: spec.created_ms,
-                start_ms: spec.start_ms,
-                device_id: device.device_id.clone(),
-                patch_json: spec.patch_json.clone(),
-            },
-            now_ms(),
-        );
-        let id = TwinId::device(device.device_id.clone());
-        in_flight.push(async move { twins.write(&id, cmd).await.map(|_| i) });
+        let work: futures::future::BoxFuture<'_, Result<usize, ShardError>> = match &job.method {
+            None => {
+                let cmd = Command::new(
+                    Op::JobUpdateTwin {
+                        job_id: spec.job_id.clone(),
+                        job_type: spec.job_type.clone(),
+                        created_ms: spec.created_ms,
+                        start_ms: spec.start_ms,
+                        device_id: device.device_id.clone(),
+                        patch_json: spec.patch_json.clone(),
+                    },
+                    now_ms(),
+                );
+                let id = TwinId::device(device.device_id.clone());
+                Box::pin(async move { twins.write(&id, cmd).await.map(|_| i) })
+            }
+            Some(request) => {
+                let call = call_method(twins, methods, spec, &device.device_id, request.clone());
+                Box::pin(async move { call.await.map(|()| i) })
+            }
+        };
+        in_flight.push(work);
         if last_progress.elapsed() > Duration::from_secs(2) {
             last_progress = std::time::Instant::now();
             meta(twins, checkpoint(&window, in_flight.len())).await?;
@@ -207,6 +222,42 @@ async fn run_job(twins: &Twins, job: &Job) -> Result<(), ShardError> {
         None => (JobStatus::Completed, None),
     };
     meta(twins, JobOp::Finish { job_id: spec.job_id.clone(), status, at_ms: now_ms(), stats, reason }).await
+}
+
+/// One device of a method job: claim it, call it if the claim is ours, record what it answered. A
+/// device claimed before by a runner that stopped mid-call is recorded as failed, never called again.
+async fn call_method(
+    twins: &Twins,
+    methods: Option<&Methods>,
+    spec: &JobSpec,
+    device_id: &str,
+    request: MethodRequest,
+) -> Result<(), ShardError> {
+    let id = TwinId::device(device_id.to_string());
+    let claim = Op::JobMethodClaim {
+        job_id: spec.job_id.clone(),
+        job_type: spec.job_type.clone(),
+        created_ms: spec.created_ms,
+        start_ms: spec.start_ms,
+        device_id: device_id.to_string(),
+    };
+    let outcome = match twins.write(&id, Command::new(claim, now_ms())).await?.result {
+        Ok(Reply::Claim { claimed: true, .. }) => match methods {
+            Some(m) => m.invoke(&id, request).await.map(|r| (r.status, r.payload_json)).map_err(|e| e.to_string()),
+            None => Err("direct methods are not running on the job's node".to_string()),
+        },
+        Ok(Reply::Claim { claimed: false, running: true }) => {
+            Err("the job's runner stopped during this device's call; a method is never called twice".to_string())
+        }
+        // Answered before, or no such device (its row says so).
+        Ok(_) => return Ok(()),
+        Err(e) => {
+            tracing::warn!(job = %spec.job_id, device_id, "claiming a device for a method job: {e}");
+            return Ok(());
+        }
+    };
+    let result = Op::JobMethodResult { job_id: spec.job_id.clone(), device_id: device_id.to_string(), outcome };
+    twins.write(&id, Command::new(result, now_ms())).await.map(|_| ())
 }
 
 /// Device ids matching a job's condition, over every shard (paged, so no shard returns more than a

@@ -144,13 +144,14 @@ impl Node {
         let twins = Twins::new(shards.clone(), twins_config, transport.clone());
         let mqtt_limits = crate::mqtt::Limits::new(gates.limits.handshake_timeout, config.mqtt_max_keep_alive);
         let mqtt = Mqtt::new(twins.clone(), hub.clone(), config.hostname.clone(), gates.mqtt.clone(), mqtt_limits);
+        let methods = crate::mqtt::methods::Methods::new(mqtt.methods.clone(), transport.clone(), shards.clone());
         let state = Arc::new(crate::http::AppState {
             twins: Some(twins.clone()),
             hub: Some(hub.clone()),
             policies: policies.clone(),
             host: format!("{}:{}", config.hostname, http_addr.port()),
             mqtt_ws: Some(crate::http::websocket::MqttOverWebSocket { mqtt: mqtt.clone(), stop: stop.clone() }),
-            methods: Some(crate::mqtt::methods::Methods::new(mqtt.methods.clone(), transport.clone(), shards.clone())),
+            methods: Some(methods.clone()),
         });
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
@@ -176,7 +177,7 @@ impl Node {
         }));
         tasks.push(tokio::spawn(shard_metrics(shards.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
-        tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), stop.clone())));
+        tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), Some(methods), stop.clone())));
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
             .map_err(|source| NodeError::DataDir { path: dir.join("listen.json").display().to_string(), source })?;

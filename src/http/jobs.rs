@@ -1,6 +1,7 @@
 //! Jobs v2 routes (docs/iothub-protocol.md §3.4): `PUT /jobs/v2/{id}`, `GET /jobs/v2/{id}`, `POST /jobs/v2/{id}/cancel`,
-//! `GET /jobs/v2/query`. Only `scheduleUpdateTwin` runs (direct methods do not exist here); the request
-//! is validated completely (condition syntax, the twin patch, times) before anything is stored.
+//! `GET /jobs/v2/query`. `scheduleUpdateTwin` and `scheduleDeviceMethod` jobs run; the request is
+//! validated completely (condition syntax, the twin patch or the method call, times) before anything
+//! is stored.
 
 use std::collections::HashMap;
 
@@ -13,7 +14,7 @@ use serde_json::{json, Map, Value};
 
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
-use crate::model::jobs::{JobOp, JobSpec, JobStatus, UPDATE_TWIN};
+use crate::model::jobs::{JobOp, JobSpec, JobStatus, DEVICE_METHOD, UPDATE_TWIN};
 use crate::model::{now_ms, validate_id, validate_twin_patch, Op, Reply};
 
 /// Default `maxExecutionTimeInSeconds` when the request has none.
@@ -68,13 +69,27 @@ pub async fn create(
         }
     }
     let job_type = req.get("type").and_then(Value::as_str).unwrap_or_default();
-    if job_type != UPDATE_TWIN {
-        return Err(ApiError::BadRequest(format!("job type '{job_type}' is not supported: only {UPDATE_TWIN} runs here")));
-    }
     let condition = req.get("queryCondition").and_then(Value::as_str).unwrap_or_default().to_string();
     crate::query::parse_condition(&condition).map_err(|e| ApiError::BadRequest(format!("queryCondition: {e}")))?;
-    let update = req.get("updateTwin").cloned().unwrap_or(Value::Null);
-    let patch = patch_of(&update)?;
+    let (update, patch, method) = match job_type {
+        UPDATE_TWIN => {
+            let update = req.get("updateTwin").cloned().unwrap_or(Value::Null);
+            let patch = patch_of(&update)?;
+            (update.to_string(), patch.to_string(), None)
+        }
+        DEVICE_METHOD => {
+            let call = req.get("cloudToDeviceMethod").filter(|c| !c.is_null()).ok_or_else(|| {
+                ApiError::BadRequest(format!("a {DEVICE_METHOD} job needs cloudToDeviceMethod"))
+            })?;
+            let method = crate::model::method::parse(call).map_err(|e| ApiError::BadRequest(format!("cloudToDeviceMethod: {e}")))?;
+            ("null".to_string(), String::new(), Some(method))
+        }
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "job type '{other}' is not supported: {UPDATE_TWIN} and {DEVICE_METHOD} run here"
+            )))
+        }
+    };
     let now = now_ms();
     let start_ms = match req.get("startTime") {
         None | Some(Value::Null) => now,
@@ -90,11 +105,15 @@ pub async fn create(
         query_condition: condition,
         start_ms,
         max_execution_secs,
-        update_twin_json: update.to_string(),
-        patch_json: patch.to_string(),
+        update_twin_json: update,
+        patch_json: patch,
         created_ms: now,
     };
-    job_reply(st.twins()?.shards.propose_meta(Op::Job(JobOp::Create(spec))).await?)
+    let op = match method {
+        None => JobOp::Create(spec),
+        Some(method) => JobOp::CreateMethod { spec, method },
+    };
+    job_reply(st.twins()?.shards.propose_meta(Op::Job(op)).await?)
 }
 
 pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {

@@ -87,12 +87,49 @@ impl ShardState {
                     start_ms: *start_ms,
                     end_ms: at,
                     error: r.err().map(|e| e.to_string()),
+                    running: false,
+                    method_response_json: None,
                 };
                 events.extend(changed);
                 self.device_jobs.entry(job_id.clone()).or_default().insert(device_id.clone(), row);
                 Ok(Reply::Done)
             }
             Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
+            Op::JobMethodClaim { job_id, job_type, created_ms, start_ms, device_id } => {
+                if let Some(row) = self.device_jobs.get(job_id).and_then(|rows| rows.get(device_id)) {
+                    return Ok(Reply::Claim { claimed: false, running: row.running });
+                }
+                let exists = self.devices.contains_key(device_id);
+                let row = super::jobs::DeviceJobRow {
+                    job_type: job_type.clone(),
+                    succeeded: false,
+                    created_ms: *created_ms,
+                    start_ms: *start_ms,
+                    end_ms: at,
+                    error: (!exists).then(|| TwinError::DeviceNotFound(device_id.clone()).to_string()),
+                    running: exists,
+                    method_response_json: None,
+                };
+                self.device_jobs.entry(job_id.clone()).or_default().insert(device_id.clone(), row);
+                Ok(Reply::Claim { claimed: exists, running: false })
+            }
+            Op::JobMethodResult { job_id, device_id, outcome } => {
+                if let Some(row) = self.device_jobs.get_mut(job_id).and_then(|rows| rows.get_mut(device_id)) {
+                    if row.running {
+                        row.running = false;
+                        row.end_ms = at;
+                        match outcome {
+                            Ok((status, payload_json)) => {
+                                let payload = serde_json::from_str::<serde_json::Value>(payload_json).unwrap_or(serde_json::Value::Null);
+                                row.succeeded = true;
+                                row.method_response_json = Some(serde_json::json!({"status": status, "payload": payload}).to_string());
+                            }
+                            Err(e) => row.error = Some(e.clone()),
+                        }
+                    }
+                }
+                Ok(Reply::Done)
+            }
             Op::Cluster(op) => {
                 self.cluster.apply(op).map(|()| Reply::Done).map_err(|e| TwinError::InvalidArgument(e.to_string()))
             }

@@ -127,6 +127,12 @@ pub enum Op {
     /// A bulk registry call's entries that belong to one shard (see `model::bulk`); every entry applies
     /// or fails on its own.
     Bulk { entries: Vec<super::bulk::BulkEntry> },
+    /// A method job claims one device before calling it: records the device's row as `running` unless
+    /// it has one (answers [`super::Reply::Claim`]). A missing device gets a failed row instead.
+    JobMethodClaim { job_id: String, job_type: String, created_ms: i64, start_ms: i64, device_id: String },
+    /// A method job's outcome on one device, recorded on its claimed (`running`) row only: the device's
+    /// status and payload (JSON text), or why the call failed.
+    JobMethodResult { job_id: String, device_id: String, outcome: Result<(i64, String), String> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,7 +159,9 @@ impl Command {
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. } => &id.device_id,
             Op::Cluster(_) | Op::Job(_) => "",
-            Op::JobUpdateTwin { device_id, .. } => device_id,
+            Op::JobUpdateTwin { device_id, .. }
+            | Op::JobMethodClaim { device_id, .. }
+            | Op::JobMethodResult { device_id, .. } => device_id,
             Op::Bulk { entries } => entries.first().map_or("", |e| e.id.device_id.as_str()),
         }
     }
@@ -174,6 +182,8 @@ impl fmt::Display for Command {
             Op::Job(_) => "Job",
             Op::JobUpdateTwin { .. } => "JobUpdateTwin",
             Op::Bulk { .. } => "Bulk",
+            Op::JobMethodClaim { .. } => "JobMethodClaim",
+            Op::JobMethodResult { .. } => "JobMethodResult",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -31,6 +31,9 @@ pub enum Remembered {
     Job(String),
     /// A bulk registry command: each entry's outcome.
     Bulk(Vec<Option<TwinError>>),
+    /// A method job's claim of a device: a retried claim must answer `claimed` again, or the device
+    /// would never be called.
+    Claim { claimed: bool, running: bool },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,10 +1,16 @@
-//! Jobs v2 (`scheduleUpdateTwin`): the job records (kept in the metadata group's state) and the
+//! Jobs v2 (`scheduleUpdateTwin`, `scheduleDeviceMethod`): the job records (kept in the metadata group's state) and the
 //! per-device outcome rows (kept in each device's shard, next to the twin they changed).
 //!
 //! Exactly once per device: a job's update reaches a device as one command that applies the patch and
 //! records the device's row in the same apply. A command for a (job, device) that already has a row
 //! changes nothing, so a runner that restarts after a failover, or retries a write whose answer it
 //! lost, can resend every device's command without applying any twice.
+//!
+//! A method call cannot be undone or deduplicated by the device, so a method job runs each device's
+//! call at most once: the runner first *claims* the device (a row in state `running`, through Raft),
+//! calls only if its claim created the row, and then records the device's answer. A runner that takes
+//! over finds the claim and never calls again; a claim left `running` by a runner that died mid-call is
+//! recorded as failed (the call's fate is unknown).
 
 use std::collections::BTreeMap;
 
@@ -14,8 +20,9 @@ use serde_json::{json, Value};
 use super::error::TwinError;
 use super::time::format_ms;
 
-/// The only job type that runs here; `scheduleDeviceMethod` needs direct methods, which do not exist.
+/// Job types that run here.
 pub const UPDATE_TWIN: &str = "scheduleUpdateTwin";
+pub const DEVICE_METHOD: &str = "scheduleDeviceMethod";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobStatus {
@@ -90,6 +97,9 @@ pub struct Job {
     /// from here instead of starting over.
     #[serde(default)]
     pub cursor: Option<JobCursor>,
+    /// The call a `scheduleDeviceMethod` job makes on each device.
+    #[serde(default)]
+    pub method: Option<super::method::MethodRequest>,
 }
 
 /// A position in a job's device order: (shard, device id).
@@ -110,12 +120,14 @@ pub enum JobOp {
     /// The runner's progress: counters (which only grow) and, once some prefix of the device order
     /// is done, the cursor after it (which only moves forward).
     Checkpoint { job_id: String, stats: JobStats, cursor: Option<JobCursor> },
+    /// A `scheduleDeviceMethod` job (its `spec` carries no patch).
+    CreateMethod { spec: JobSpec, method: super::method::MethodRequest },
 }
 
 impl JobOp {
     pub fn job_id(&self) -> &str {
         match self {
-            JobOp::Create(spec) => &spec.job_id,
+            JobOp::Create(spec) | JobOp::CreateMethod { spec, .. } => &spec.job_id,
             JobOp::Start { job_id, .. }
             | JobOp::Progress { job_id, .. }
             | JobOp::Finish { job_id, .. }
@@ -135,27 +147,8 @@ impl JobsState {
     pub fn apply(&mut self, op: &JobOp) -> Result<Value, TwinError> {
         let missing = |id: &str| TwinError::InvalidArgument(format!("job {id} does not exist"));
         match op {
-            JobOp::Create(spec) => {
-                if let Some(existing) = self.jobs.get(&spec.job_id) {
-                    // The same request retried answers the job; another request with that id is refused.
-                    if existing.spec == *spec {
-                        return Ok(existing.render());
-                    }
-                    return Err(TwinError::PreconditionFailed(format!("a job with id '{}' already exists", spec.job_id)));
-                }
-                let job = Job {
-                    spec: spec.clone(),
-                    status: JobStatus::Queued,
-                    started_ms: None,
-                    end_ms: None,
-                    failure_reason: None,
-                    stats: JobStats::default(),
-                    cursor: None,
-                };
-                let out = job.render();
-                self.jobs.insert(spec.job_id.clone(), job);
-                Ok(out)
-            }
+            JobOp::Create(spec) => self.create(spec, None),
+            JobOp::CreateMethod { spec, method } => self.create(spec, Some(method)),
             JobOp::Start { job_id, at_ms } => {
                 let job = self.jobs.get_mut(job_id).ok_or_else(|| missing(job_id))?;
                 if matches!(job.status, JobStatus::Queued | JobStatus::Scheduled) {
@@ -210,10 +203,36 @@ impl JobsState {
     }
 }
 
+impl JobsState {
+    fn create(&mut self, spec: &JobSpec, method: Option<&super::method::MethodRequest>) -> Result<Value, TwinError> {
+        if let Some(existing) = self.jobs.get(&spec.job_id) {
+            // The same request retried answers the job; another request with that id is refused.
+            if existing.spec == *spec && existing.method.as_ref() == method {
+                return Ok(existing.render());
+            }
+            return Err(TwinError::PreconditionFailed(format!("a job with id '{}' already exists", spec.job_id)));
+        }
+        let job = Job {
+            spec: spec.clone(),
+            status: JobStatus::Queued,
+            started_ms: None,
+            end_ms: None,
+            failure_reason: None,
+            stats: JobStats::default(),
+            cursor: None,
+            method: method.cloned(),
+        };
+        let out = job.render();
+        self.jobs.insert(spec.job_id.clone(), job);
+        Ok(out)
+    }
+}
+
 impl Job {
     /// IoT Hub's JobResponse.
     pub fn render(&self) -> Value {
         let update_twin: Value = serde_json::from_str(&self.spec.update_twin_json).unwrap_or(Value::Null);
+        let method = self.method.as_ref().map_or(Value::Null, |m| m.render());
         let s = &self.stats;
         let mut v = json!({
             "jobId": self.spec.job_id,
@@ -223,6 +242,7 @@ impl Job {
             "maxExecutionTimeInSeconds": self.spec.max_execution_secs,
             "type": self.spec.job_type,
             "updateTwin": update_twin,
+            "cloudToDeviceMethod": method,
             "status": self.status.as_str(),
             "deviceJobStatistics": {
                 "deviceCount": s.device_count,
@@ -253,6 +273,12 @@ pub struct DeviceJobRow {
     pub end_ms: i64,
     /// Why the update failed (the twin error), when it did.
     pub error: Option<String>,
+    /// A method job's device is claimed and its call has no recorded answer yet.
+    #[serde(default)]
+    pub running: bool,
+    /// A method job's device answer, `{"status", "payload"}` as JSON text.
+    #[serde(default)]
+    pub method_response_json: Option<String>,
 }
 
 impl DeviceJobRow {
@@ -261,13 +287,16 @@ impl DeviceJobRow {
             "deviceId": device_id,
             "jobId": job_id,
             "jobType": self.job_type,
-            "status": if self.succeeded { "completed" } else { "failed" },
+            "status": if self.running { "running" } else if self.succeeded { "completed" } else { "failed" },
             "startTimeUtc": format_ms(self.start_ms),
             "endTimeUtc": format_ms(self.end_ms),
             "createdDateTimeUtc": format_ms(self.created_ms),
             "lastUpdatedDateTimeUtc": format_ms(self.end_ms),
             "outcome": {},
         });
+        if let Some(r) = self.method_response_json.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()) {
+            v["outcome"] = json!({ "deviceMethodResponse": r });
+        }
         if let Some(e) = &self.error {
             v["error"] = json!({"code": "JobRunPreconditionFailed", "description": e});
         }

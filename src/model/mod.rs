@@ -55,6 +55,9 @@ pub enum Reply {
     Job(Value),
     /// Each entry's outcome of a bulk registry command, in order (`None`: applied).
     Bulk(bulk::BulkOutcome),
+    /// A method job's claim of a device: `claimed` when this command created the row (call the
+    /// method); otherwise whether the existing row is still `running` (claimed earlier, no answer).
+    Claim { claimed: bool, running: bool },
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
@@ -164,6 +167,7 @@ impl ShardState {
                 _ => Remembered::Done,
             },
             Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
+            Ok(Reply::Claim { claimed, running }) => Remembered::Claim { claimed: *claimed, running: *running },
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
                 _ => Remembered::Done,
@@ -183,6 +187,7 @@ impl ShardState {
             Remembered::Err(e) => Err(e.clone()),
             Remembered::Done => Ok(Reply::Done),
             Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
+            Remembered::Claim { claimed, running } => Ok(Reply::Claim { claimed: *claimed, running: *running }),
             Remembered::Reported(v) => Ok(Reply::Reported { version: *v }),
             Remembered::Device(d) => {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))

@@ -801,3 +801,35 @@ fn a_retried_if_match_write_is_not_judged_stale_by_its_own_apply() {
     let retry = f.state.apply(&cmd);
     assert_eq!(retry.result, first.result, "a retry answers the first outcome, not a 412");
 }
+
+/// A method job calls each device at most once: only the claim that creates the row calls; a retry of
+/// that claim (same request id) still says "call"; a later claim never does; the answer lands once.
+#[test]
+fn method_job_claims_call_each_device_at_most_once() {
+    let mut f = Fixture::with_device("d1");
+    let claim = |device: &str| Op::JobMethodClaim {
+        job_id: "j".into(),
+        job_type: "scheduleDeviceMethod".into(),
+        created_ms: T0,
+        start_ms: T0,
+        device_id: device.into(),
+    };
+    let first = f.cmd(claim("d1"));
+    assert_eq!(f.state.apply(&first).result, Ok(Reply::Claim { claimed: true, running: false }));
+    assert_eq!(f.state.apply(&first).result, Ok(Reply::Claim { claimed: true, running: false }), "a retried claim");
+    assert_eq!(f.must(claim("d1")).result, Ok(Reply::Claim { claimed: false, running: true }), "another runner's claim");
+    assert_eq!(f.state.device_jobs["j"]["d1"].render("j", "d1")["status"], "running");
+
+    let answer = |outcome: Result<(i64, String), String>| Op::JobMethodResult { job_id: "j".into(), device_id: "d1".into(), outcome };
+    f.must(answer(Ok((200, r#"{"ok":true}"#.into()))));
+    f.must(answer(Err("late and stale".into())));
+    let row = f.state.device_jobs["j"]["d1"].render("j", "d1");
+    assert_eq!(row["status"], "completed", "{row}");
+    assert_eq!(row["outcome"], json!({"deviceMethodResponse": {"status": 200, "payload": {"ok": true}}}));
+    assert_eq!(f.must(claim("d1")).result, Ok(Reply::Claim { claimed: false, running: false }));
+
+    // A device that does not exist is never called and fails.
+    assert_eq!(f.must(claim("ghost")).result, Ok(Reply::Claim { claimed: false, running: false }));
+    let row = f.state.device_jobs["j"]["ghost"].render("j", "ghost");
+    assert_eq!(row["status"], "failed", "{row}");
+}

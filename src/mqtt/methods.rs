@@ -267,13 +267,13 @@ mod tests {
         assert_eq!(call.await.unwrap().unwrap().status, 201);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn an_unanswered_call_times_out_and_a_dropped_connection_is_not_online() {
         let local = Arc::new(LocalMethods::default());
         let id = TwinId::device("d1");
         let (mut rx, attached) = local.attach(&id);
         let held = tokio::spawn(async move { rx.recv().await.map(|c| c.reply) });
-        assert_eq!(local.call(&id, request(5)).await, Err(MethodError::Timeout));
+        assert_eq!(local.call(&id, request(1)).await, Err(MethodError::Timeout));
         drop(held.await.unwrap());
         drop(attached);
         assert_eq!(local.call(&id, request(5)).await, Err(MethodError::NotOnline));

@@ -265,7 +265,6 @@ mod tests {
             ("devices/dev1/messages/events/", &m),
             ("devices/dev1/modules/mod2/messages/events/", &m),
             ("devices/dev1/messages/devicebound/#", &d),
-            ("$iothub/methods/res/200/?$rid=1", &d),
             ("$iothub/twin/res/200/?$rid=1", &d),
             ("$iothub/twin/PATCH/properties/desired/?$version=1", &d),
             ("", &d),

@@ -161,3 +161,65 @@ def test_connect_timeout_waits_for_the_device_to_come_online(hub, rm, clients):
     assert not t.is_alive()
     assert result["r"].status == 200 and calls == [("late", {"x": 1})], result
     rm.delete_device(dev)
+
+
+def test_schedule_device_method_job_calls_each_matching_device_once(hub, rm, clients):
+    import datetime
+
+    from azure.iot.hub import IoTHubJobManager
+    from azure.iot.hub.models import JobRequest, QuerySpecification, Twin
+
+    jm = IoTHubJobManager.from_connection_string(hub.connection_string)
+    tag = _uid("mjob")
+    online, calls = [], {}
+    for i in range(3):
+        dev, key = new_device(rm)
+        rm.update_twin(dev, Twin(tags={"mj": tag}), "*")
+        c = clients.device(dev, key)
+        calls[dev] = []
+        answering(c, calls[dev], answer=lambda req, dev=dev: {"rebooted": dev})
+        online.append(dev)
+    offline, _ = new_device(rm)  # matches too, but never connects
+    rm.update_twin(offline, Twin(tags={"mj": tag}), "*")
+    outsider, okey = new_device(rm)  # connected and answering, but not matched
+    oc = clients.device(outsider, okey)
+    calls[outsider] = []
+    answering(oc, calls[outsider])
+
+    job_id = _uid("methodjob")
+    req = JobRequest(
+        job_id=job_id,
+        type="scheduleDeviceMethod",
+        start_time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        cloud_to_device_method=CloudToDeviceMethod(method_name="reboot", payload={"delay": 0},
+                                                   response_timeout_in_seconds=10, connect_timeout_in_seconds=0),
+        query_condition=f"tags.mj = '{tag}'",
+        max_execution_time_in_seconds=120,
+    )
+    created = jm.create_scheduled_job(job_id, req)
+    assert created.type == "scheduleDeviceMethod"
+    assert created.cloud_to_device_method.method_name == "reboot"
+    deadline = time.time() + 90
+    while True:
+        job = jm.get_scheduled_job(job_id)
+        if job.status in ("completed", "failed"):
+            break
+        assert time.time() < deadline, f"job still {job.status}"
+        time.sleep(0.5)
+    assert job.status == "completed", job
+    stats = job.device_job_statistics
+    assert (stats.device_count, stats.succeeded_count, stats.failed_count) == (4, 3, 1), stats
+    for dev in online:
+        assert calls[dev] == [("reboot", {"delay": 0})], (dev, calls[dev])
+    assert calls[outsider] == [], "a device outside the job's condition was called"
+
+    # The SDK's query call types every row as a Twin; read the rows' JSON from its raw response.
+    spec = QuerySpecification(query=f"SELECT * FROM devices.jobs WHERE devices.jobs.jobId = '{job_id}'")
+    raw = rm.protocol.query.get_twins(spec, None, 100, None, True)
+    assert raw.response.headers["x-ms-item-type"] == "deviceJob", raw.response.headers
+    by_device = {r["deviceId"]: r for r in raw.response.json()}
+    assert set(by_device) == set(online) | {offline}, by_device
+    for dev in online:
+        assert by_device[dev]["status"] == "completed"
+        assert by_device[dev]["outcome"]["deviceMethodResponse"] == {"status": 200, "payload": {"rebooted": dev}}
+    assert by_device[offline]["status"] == "failed"
