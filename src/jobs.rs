@@ -34,7 +34,6 @@ use crate::model::{now_ms, Command, Op, Reply};
 use crate::mqtt::methods::Methods;
 use crate::query;
 use crate::shard::ShardError;
-use crate::twin::read::{QueryPart, ReadOp, ReadOut};
 use crate::twin::Twins;
 
 /// Job updates in flight at once.
@@ -260,49 +259,20 @@ async fn call_method(
     twins.write(&id, Command::new(result, now_ms())).await.map(|_| ())
 }
 
-/// Device ids matching a job's condition, over every shard (paged, so no shard returns more than a
-/// page at a time).
+/// Device ids matching a job's condition, over every shard, in (shard, device id) order.
 async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<JobCursor>, ShardError> {
-    let text = format!("SELECT deviceId FROM devices WHERE {condition}");
-    let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
-    let mut out = Vec::new();
-    for shard in 0..twins.shards.shard_count() {
-        let mut cursor: Option<String> = None;
-        loop {
-            let op = ReadOp::Query { text: text.clone(), cursor: cursor.clone(), max_items: 1000 };
-            let rows = match twins.read_shard(shard, op).await? {
-                ReadOut::Query(Ok(QueryPart::Rows(rows))) => rows,
-                ReadOut::Query(Err(e)) => return Err(ShardError::Refused { msg: e }),
-                other => return Err(ShardError::Fatal { shard, msg: format!("unexpected query answer {other:?}") }),
-            };
-            let page = q.page(vec![rows], cursor.as_deref().map(|t| q.cursor(t)).transpose().ok().flatten().as_ref(), 1000);
-            out.extend(
-                page.items
-                    .iter()
-                    .filter_map(|r| r["deviceId"].as_str().map(|d| JobCursor { shard, device_id: d.to_string() })),
-            );
-            match page.next {
-                Some(c) => cursor = Some(c.encode()),
-                None => break,
-            }
-        }
-    }
-    Ok(out)
+    let rows = twins.scan(&format!("SELECT deviceId FROM devices WHERE {condition}")).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(shard, r)| r["deviceId"].as_str().map(|d| JobCursor { shard, device_id: d.to_string() }))
+        .collect())
 }
 
 /// (succeeded, failed) device rows of a job, counted on every shard.
 async fn outcome_counts(twins: &Twins, job_id: &str) -> Result<(u64, u64), ShardError> {
     let text = format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = {} GROUP BY status", query::quote(job_id));
-    let q = query::parse(&text).map_err(|e| ShardError::Refused { msg: e.to_string() })?;
-    let Some(mut total) = q.partial() else { return Ok((0, 0)) };
-    for shard in 0..twins.shards.shard_count() {
-        let op = ReadOp::Query { text: text.clone(), cursor: None, max_items: 1 };
-        if let ReadOut::Query(Ok(QueryPart::Partial(state))) = twins.read_shard(shard, op).await? {
-            total.merge_state(state).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
-        }
-    }
     let (mut ok, mut failed) = (0, 0);
-    for g in total.finish() {
+    for g in twins.aggregate(&text).await? {
         let n = g["n"].as_u64().unwrap_or(0);
         match g["status"].as_str() {
             Some("completed") => ok += n,

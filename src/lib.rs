@@ -30,6 +30,7 @@ pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod cluster;
+pub mod configurations;
 /// Fuzz entry points for every network parser (see `fuzz/README.md`); not an API.
 #[doc(hidden)]
 pub mod fuzzing;

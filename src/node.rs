@@ -177,6 +177,7 @@ impl Node {
         }));
         tasks.push(tokio::spawn(shard_metrics(shards.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
+        tasks.push(tokio::spawn(crate::configurations::run(twins.clone(), config.configuration_interval, stop.clone())));
         tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), Some(methods), stop.clone())));
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)

@@ -114,6 +114,10 @@ pub struct ServeArgs {
     /// device connection silent for 1.5 times its keep-alive is closed [default: 1740]
     #[arg(long)]
     pub mqtt_max_keep_alive_secs: Option<u64>,
+    /// How often automatic device configurations are re-evaluated against the fleet (twins that start
+    /// or stop matching); a created or changed configuration is evaluated at once [default: 30]
+    #[arg(long)]
+    pub configuration_interval_secs: Option<u64>,
     /// TOML file with any of the options above (keys with underscores)
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -154,6 +158,7 @@ pub struct FileConfig {
     pub handshake_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
     pub mqtt_max_keep_alive_secs: Option<u64>,
+    pub configuration_interval_secs: Option<u64>,
 }
 
 /// How this node takes part in a cluster (`None` in [`Config::cluster`]: a single-node hub).
@@ -192,6 +197,8 @@ pub struct Config {
     pub net: crate::net::NetLimits,
     /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
     pub mqtt_max_keep_alive: u16,
+    /// How often configurations are re-evaluated.
+    pub configuration_interval: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -343,6 +350,7 @@ impl Config {
             value: mqtt_max_keep_alive.as_secs().to_string(),
             expected: "number of seconds (1..=65535)",
         })?;
+        let configuration_interval = secs(args.configuration_interval_secs, "TWINHUB_CONFIGURATION_INTERVAL_SECS", file.configuration_interval_secs, 30)?;
         let follower_reads = args.follower_reads
             || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
             || file.follower_reads.unwrap_or(false);
@@ -360,6 +368,7 @@ impl Config {
             owner_key,
             net,
             mqtt_max_keep_alive,
+            configuration_interval,
             shard_count,
             tls_cert: path(args.tls_cert, "TWINHUB_TLS_CERT", file.tls_cert),
             tls_key: path(args.tls_key, "TWINHUB_TLS_KEY", file.tls_key),

@@ -57,6 +57,8 @@ impl ApiError {
                 TwinError::TooManyModulesOnDevice { .. } => (StatusCode::BAD_REQUEST, "TooManyModulesOnDevice"),
                 TwinError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "PreconditionFailed"),
                 TwinError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
+                TwinError::ConfigurationNotFound(_) => (StatusCode::NOT_FOUND, "ConfigurationNotFound"),
+                TwinError::ConfigurationAlreadyExists(_) => (StatusCode::CONFLICT, "ConfigurationAlreadyExists"),
             },
             ApiError::Shard(e) => match e {
                 ShardError::NotLeader { .. }

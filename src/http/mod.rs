@@ -5,6 +5,7 @@
 //! [`ApiError`], rendered in one place (`error.rs`).
 
 mod body;
+mod configurations;
 mod bulk;
 mod changes;
 pub mod error;
@@ -224,6 +225,12 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/members", axum::routing::post(add_member))
         .route("/cluster/members/{node}", axum::routing::delete(remove_member))
         .route("/metrics", get(metrics::metrics_route))
+        .route("/configurations", get(configurations::list))
+        .route("/configurations/testQueries", axum::routing::post(configurations::test_queries))
+        .route(
+            "/configurations/{id}",
+            get(configurations::get).put(configurations::put).delete(configurations::delete),
+        )
         .route("/twins/{id}/methods", axum::routing::post(methods::invoke_device))
         .route("/twins/{id}/modules/{mid}/methods", axum::routing::post(methods::invoke_module))
         .route(WEBSOCKET_PATH, get(websocket::upgrade))

@@ -95,6 +95,8 @@ impl ShardState {
                 Ok(Reply::Done)
             }
             Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
+            Op::Configuration(op) => self.configs.apply(op, at).map(Reply::Configuration),
+            Op::ApplyConfiguration { device_id, marks, apply } => self.apply_configuration(device_id, marks, apply.as_ref(), at, events),
             Op::JobMethodClaim { job_id, job_type, created_ms, start_ms, device_id } => {
                 if let Some(row) = self.device_jobs.get(job_id).and_then(|rows| rows.get(device_id)) {
                     return Ok(Reply::Claim { claimed: false, running: row.running });
@@ -289,6 +291,27 @@ impl ShardState {
         if let Some(dev) = self.devices.get_mut(did) {
             dev.modules.remove(mid);
         }
+        Ok(Reply::Done)
+    }
+
+    /// Sets a device twin's configuration marks and, for a configuration it newly applies, merges the
+    /// configuration's desired patch like a service PATCH. A device deleted meanwhile is skipped.
+    fn apply_configuration(
+        &mut self,
+        device_id: &str,
+        marks: &std::collections::BTreeMap<String, String>,
+        apply: Option<&(String, String)>,
+        at: i64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        let id = TwinId::device(device_id.to_string());
+        let Ok(twin) = self.twin_doc(&id) else { return Ok(Reply::Done) };
+        let newly = apply.filter(|(cfg, _)| twin.configurations.get(cfg).map(String::as_str) != Some(super::config::APPLIED));
+        if let Some((_, patch)) = newly {
+            let body = format!(r#"{{"properties":{{"desired":{patch}}}}}"#);
+            self.update_twin(&id, &body, None, at, events)?;
+        }
+        self.twin_doc_mut(&id)?.configurations = marks.clone();
         Ok(Reply::Done)
     }
 

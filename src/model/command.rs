@@ -133,6 +133,11 @@ pub enum Op {
     /// A method job's outcome on one device, recorded on its claimed (`running`) row only: the device's
     /// status and payload (JSON text), or why the call failed.
     JobMethodResult { job_id: String, device_id: String, outcome: Result<(i64, String), String> },
+    /// A change of a configuration record: only ever proposed to the metadata group.
+    Configuration(super::config::ConfigOp),
+    /// Sets a device twin's configuration marks; when `apply` names a configuration the twin has not
+    /// applied yet, merges its desired patch (JSON text) as a service desired update.
+    ApplyConfiguration { device_id: String, marks: std::collections::BTreeMap<String, String>, apply: Option<(String, String)> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -158,7 +163,8 @@ impl Command {
             | Op::ReplaceTwin { id, .. }
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. } => &id.device_id,
-            Op::Cluster(_) | Op::Job(_) => "",
+            Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) => "",
+            Op::ApplyConfiguration { device_id, .. } => device_id,
             Op::JobUpdateTwin { device_id, .. }
             | Op::JobMethodClaim { device_id, .. }
             | Op::JobMethodResult { device_id, .. } => device_id,
@@ -184,6 +190,8 @@ impl fmt::Display for Command {
             Op::Bulk { .. } => "Bulk",
             Op::JobMethodClaim { .. } => "JobMethodClaim",
             Op::JobMethodResult { .. } => "JobMethodResult",
+            Op::Configuration(_) => "Configuration",
+            Op::ApplyConfiguration { .. } => "ApplyConfiguration",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -21,4 +21,8 @@ pub enum TwinError {
     /// Bad input: the message names the offending path and the limit.
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("Configuration {0} not found")]
+    ConfigurationNotFound(String),
+    #[error("A configuration with ID '{0}' already exists")]
+    ConfigurationAlreadyExists(String),
 }

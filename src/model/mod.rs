@@ -8,6 +8,7 @@
 mod apply;
 pub mod bulk;
 pub mod command;
+pub mod config;
 mod dedupe;
 mod doc;
 pub mod error;
@@ -58,6 +59,8 @@ pub enum Reply {
     /// A method job's claim of a device: `claimed` when this command created the row (call the
     /// method); otherwise whether the existing row is still `running` (claimed earlier, no answer).
     Claim { claimed: bool, running: bool },
+    /// A configuration record after a configuration command (`Null` after a delete).
+    Configuration(Value),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
@@ -124,6 +127,9 @@ pub struct ShardState {
     /// Per-device job outcomes of this shard's devices (`devices.jobs`).
     #[serde(default)]
     device_jobs: jobs::DeviceJobs,
+    /// Automatic device configurations; only the metadata group's state uses it.
+    #[serde(default)]
+    pub configs: config::ConfigsState,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -168,6 +174,10 @@ impl ShardState {
             },
             Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
             Ok(Reply::Claim { claimed, running }) => Remembered::Claim { claimed: *claimed, running: *running },
+            Ok(Reply::Configuration(_)) => match &cmd.op {
+                Op::Configuration(op) => Remembered::Configuration(op.id().to_string()),
+                _ => Remembered::Done,
+            },
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
                 _ => Remembered::Done,
@@ -188,6 +198,9 @@ impl ShardState {
             Remembered::Done => Ok(Reply::Done),
             Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
             Remembered::Claim { claimed, running } => Ok(Reply::Claim { claimed: *claimed, running: *running }),
+            Remembered::Configuration(id) => {
+                Ok(Reply::Configuration(self.configs.configs.get(id).map_or(Value::Null, |c| c.render())))
+            }
             Remembered::Reported(v) => Ok(Reply::Reported { version: *v }),
             Remembered::Device(d) => {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))

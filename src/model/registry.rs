@@ -69,6 +69,9 @@ pub struct TwinDoc {
     pub desired_version: i64,
     pub reported: Node,
     pub reported_version: i64,
+    /// Configuration marks (id → `Applied` | `Targeted`), rendered as `configurations`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configurations: BTreeMap<String, String>,
 }
 
 impl TwinDoc {
@@ -81,6 +84,7 @@ impl TwinDoc {
             desired_version: 1,
             reported: Node::empty_section(),
             reported_version: 1,
+            configurations: BTreeMap::new(),
         }
     }
 
@@ -170,6 +174,9 @@ impl DeviceEntry {
         v.insert("version".into(), json!(twin.version));
         if module.is_none() {
             v.insert("capabilities".into(), json!({"iotEdge": self.iot_edge}));
+        }
+        if !twin.configurations.is_empty() {
+            v.insert("configurations".into(), super::config::render_marks(&twin.configurations));
         }
         v.insert("tags".into(), Value::Object(twin.tags.to_map()));
         v.insert("properties".into(), twin.properties());

@@ -36,6 +36,8 @@ impl RequestError {
                 TwinError::ModuleAlreadyExists { .. } => (409, 409_301),
                 TwinError::PreconditionFailed(_) => (412, 412_002),
                 TwinError::TooManyModulesOnDevice { .. } | TwinError::InvalidArgument(_) => (400, 400_004),
+                TwinError::ConfigurationNotFound(_) => (404, 404_001),
+                TwinError::ConfigurationAlreadyExists(_) => (409, 409_001),
             },
             // Retryable: the shard has no leader here, is slow, stopping, or its storage failed. Device
             // SDKs retry 5xx (and 429) but give up on 4xx.

@@ -7,6 +7,7 @@
 mod actor;
 pub mod read;
 mod registry;
+mod scan;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
