@@ -943,3 +943,59 @@ async fn options_from_environment() {
     let stats = api.must_get("/statistics/devices").await;
     assert_eq!(stats["totalDeviceCount"].as_i64(), Some(6), "{stats}");
 }
+
+/// Edge scopes as the registry returns them: an edge device gets its own `deviceScope`; a leaf names
+/// its parent edge device in `deviceScope` and gets `parentScopes`; an edge device names its parent in
+/// `parentScopes`; a scope that is not an edge device's is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_scopes_for_edge_devices_and_their_children() {
+    let srv = Server::start_default();
+    let api = srv.owner();
+    let edge = api
+        .must(200, "PUT", "/devices/gateway", Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}})), &[])
+        .await
+        .json()
+        .clone();
+    let scope = edge["deviceScope"].as_str().expect("an edge device has a deviceScope").to_string();
+    assert!(scope.starts_with("ms-azure-iot-edge://gateway-"), "{scope}");
+    assert_eq!(edge["parentScopes"], json!([]));
+    let plain = api.must_create_device("plain").await;
+    assert_eq!(plain["deviceScope"], Value::Null, "{plain}");
+
+    let leaf = api.must(200, "PUT", "/devices/leaf", Some(&json!({"deviceId": "leaf", "deviceScope": scope})), &[]).await;
+    assert_eq!(leaf.json()["deviceScope"], json!(scope));
+    assert_eq!(leaf.json()["parentScopes"], json!([scope]));
+    let twin = api.must_get_twin("leaf").await;
+    assert_eq!((twin["deviceScope"].clone(), twin["parentScopes"].clone()), (json!(scope), json!([scope])), "{twin}");
+
+    // An update without scope fields keeps the parent; the scope itself survives updates.
+    let etag = leaf.json()["etag"].as_str().unwrap().to_string();
+    let r = api.must(200, "PUT", "/devices/leaf", Some(&json!({"deviceId": "leaf", "status": "disabled"})), &[("If-Match", &quoted(&etag))]).await;
+    assert_eq!(r.json()["deviceScope"], json!(scope));
+    let etag = edge["etag"].as_str().unwrap().to_string();
+    let again = api.must(200, "PUT", "/devices/gateway", Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}, "deviceScope": scope})), &[("If-Match", &quoted(&etag))]).await;
+    assert_eq!(again.json()["deviceScope"], json!(scope), "an edge device keeps its scope");
+
+    // A nested edge device names its parent in parentScopes and keeps its own scope.
+    let child = api
+        .must(200, "PUT", "/devices/child-edge", Some(&json!({"deviceId": "child-edge", "capabilities": {"iotEdge": true}, "parentScopes": [scope]})), &[])
+        .await
+        .json()
+        .clone();
+    assert!(child["deviceScope"].as_str().unwrap().starts_with("ms-azure-iot-edge://child-edge-"), "{child}");
+    assert_eq!(child["parentScopes"], json!([scope]));
+
+    // Scopes that are not an edge device's are refused, and nothing is created.
+    for bad in [
+        json!({"deviceId": "orphan", "deviceScope": "ms-azure-iot-edge://gateway-1"}),
+        json!({"deviceId": "orphan", "deviceScope": "ms-azure-iot-edge://plain-1"}),
+        json!({"deviceId": "orphan", "deviceScope": "not-a-scope"}),
+        json!({"deviceId": "orphan", "deviceScope": scope.clone(), "parentScopes": ["ms-azure-iot-edge://x-1"]}),
+        json!({"deviceId": "orphan", "capabilities": {"iotEdge": true}, "deviceScope": scope.clone()}),
+    ] {
+        let r = api.send("PUT", "/devices/orphan", Some(&bad), &[]).await;
+        assert_error(&r, 400, "ArgumentInvalid");
+    }
+    let r = api.send("GET", "/devices/orphan", None, &[]).await;
+    assert_eq!(r.status, 404);
+}

@@ -72,7 +72,17 @@ pub async fn put_device(
     validate_id("device", &id)?;
     let doc = body::json(raw, "Device")?;
     let device = device_spec(&id, &doc)?;
-    let cmd = Command::new(Op::PutDevice { device, if_match: if_match(&headers) }, now_ms());
+    let op = match requested_parent(&id, device.iot_edge, &doc)? {
+        // Neither field in the body: the device keeps the parent it has.
+        None => Op::PutDevice { device, if_match: if_match(&headers) },
+        Some(parent) => {
+            if let Some(p) = &parent {
+                check_parent(&st, &id, p).await?;
+            }
+            Op::PutDeviceWithParent { device, parent_scope: parent, if_match: if_match(&headers) }
+        }
+    };
+    let cmd = Command::new(op, now_ms());
     match propose(&st, &TwinId::device(id), cmd).await? {
         Reply::Device(v) => Ok(ok_json(&v)),
         other => Err(ApiError::Internal(format!("unexpected reply to PutDevice: {other:?}"))),
@@ -197,6 +207,67 @@ pub fn device_spec(id: &str, doc: &Value) -> Result<DeviceSpec, ApiError> {
         auth: auth_spec(obj.get("authentication"))?,
         iot_edge,
     })
+}
+
+/// The parent a Device body asks for: `None` when it has neither `deviceScope` nor `parentScopes`
+/// (keep the current one); `Some(None)` for no parent; `Some(Some(scope))` for the edge device whose
+/// scope it names. A leaf names its parent in `deviceScope` (`parentScopes` may repeat it); an edge
+/// device in `parentScopes` (its `deviceScope` is its own, assigned by the hub).
+fn requested_parent(id: &str, iot_edge: bool, doc: &Value) -> Result<Option<Option<String>>, ApiError> {
+    let scope = match doc.get("deviceScope") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(Value::String(s)) => Some((!s.is_empty()).then(|| s.clone())),
+        Some(other) => return Err(bad(format!("deviceScope must be a string, got {other}"))),
+    };
+    let parents = match doc.get("parentScopes") {
+        None => None,
+        Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Array(a)) => Some(
+            a.iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(format!("parentScopes must hold strings, got {v}"))))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        Some(other) => return Err(bad(format!("parentScopes must be an array, got {other}"))),
+    };
+    if scope.is_none() && parents.is_none() {
+        return Ok(None);
+    }
+    let parents = parents.unwrap_or_default();
+    if parents.len() > 1 {
+        return Err(bad("parentScopes may name one parent".into()));
+    }
+    let listed = parents.into_iter().next();
+    if iot_edge {
+        if let Some(Some(s)) = &scope {
+            if crate::model::edge_scope_device(s) != Some(id) {
+                return Err(bad(format!(
+                    "an edge device's deviceScope is its own (assigned by the hub), not '{s}'; name its parent in parentScopes"
+                )));
+            }
+        }
+        return Ok(Some(listed));
+    }
+    match (scope.flatten(), listed) {
+        (Some(s), Some(p)) if s != p => Err(bad(format!("parentScopes ['{p}'] differs from deviceScope '{s}'"))),
+        (Some(s), _) | (None, Some(s)) => Ok(Some(Some(s))),
+        (None, None) => Ok(Some(None)),
+    }
+}
+
+/// A parent scope must be the current scope of another device that is an edge device.
+async fn check_parent(st: &Shared, id: &str, scope: &str) -> Result<(), ApiError> {
+    let not_edge = || bad(format!("'{scope}' is not the scope of an edge device"));
+    let parent = crate::model::edge_scope_device(scope).ok_or_else(not_edge)?;
+    if parent == id {
+        return Err(bad(format!("device {id} cannot be its own parent")));
+    }
+    let doc = st.twins()?.device(parent).await?.ok_or_else(not_edge)?;
+    let is_edge = doc.pointer("/capabilities/iotEdge").and_then(Value::as_bool) == Some(true);
+    if !is_edge || doc.get("deviceScope").and_then(Value::as_str) != Some(scope) {
+        return Err(not_edge());
+    }
+    Ok(())
 }
 
 pub fn module_spec(id: &str, mid: &str, doc: &Value) -> Result<ModuleSpec, ApiError> {

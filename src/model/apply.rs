@@ -96,6 +96,20 @@ impl ShardState {
             }
             Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
             Op::Configuration(op) => self.configs.apply(op, at).map(Reply::Configuration),
+            Op::PutDeviceWithParent { device, parent_scope, if_match } => {
+                let reply = self.put_device(cmd, device, if_match.as_ref(), events)?;
+                let entry = self.devices.get_mut(&device.device_id).ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
+                let parents: Vec<String> = parent_scope.iter().cloned().collect();
+                if entry.iot_edge {
+                    entry.scopes.parent_scopes = parents;
+                } else {
+                    entry.scopes = super::registry::Scopes { device_scope: parent_scope.clone(), parent_scopes: parents };
+                }
+                Ok(match reply {
+                    Reply::Device(_) => Reply::Device(entry.render(&device.device_id)),
+                    other => other,
+                })
+            }
             Op::ApplyConfiguration { device_id, marks, apply } => self.apply_configuration(device_id, marks, apply.as_ref(), at, events),
             Op::JobMethodClaim { job_id, job_type, created_ms, start_ms, device_id } => {
                 if let Some(row) = self.device_jobs.get(job_id).and_then(|rows| rows.get(device_id)) {
@@ -178,7 +192,7 @@ impl ShardState {
             (None, None) => {
                 let identity_etag = self.next_etag();
                 let twin_etag = self.next_etag();
-                let entry = DeviceEntry {
+                let mut entry = DeviceEntry {
                     identity: Identity::new(spec.auth.clone(), cmd.request_id, identity_etag),
                     status: spec.status,
                     status_reason: spec.status_reason.clone(),
@@ -186,7 +200,9 @@ impl ShardState {
                     iot_edge: spec.iot_edge,
                     twin: TwinDoc::new(twin_etag),
                     modules: Default::default(),
+                    scopes: Default::default(),
                 };
+                set_edge_scope(&mut entry, id, cmd);
                 events.push(Event::Lifecycle {
                     id: TwinId::device(id),
                     op_type: "createDeviceIdentity".into(),
@@ -206,6 +222,7 @@ impl ShardState {
                 entry.status = spec.status;
                 entry.status_reason = spec.status_reason.clone();
                 entry.iot_edge = spec.iot_edge;
+                set_edge_scope(entry, id, cmd);
                 entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
                 entry.identity.etag = etag;
                 Ok(Reply::Device(entry.render(id)))
@@ -465,4 +482,15 @@ fn merged_auth(old: &super::command::AuthSpec, new: &super::command::AuthSpec) -
         a.secondary_thumbprint = a.secondary_thumbprint.or_else(|| old.secondary_thumbprint.clone());
     }
     a
+}
+
+/// An edge device keeps (or gets, from the command's request id, so every replica picks the same) its
+/// own edge scope; a device that stops being an edge device loses it (a leaf's parent scope stays).
+fn set_edge_scope(entry: &mut DeviceEntry, device_id: &str, cmd: &Command) {
+    let own = entry.scopes.device_scope.as_deref().and_then(super::registry::edge_scope_device) == Some(device_id);
+    if entry.iot_edge && !own {
+        entry.scopes.device_scope = Some(super::registry::edge_scope(device_id, cmd.request_id.0 as u64 % 1_000_000_000_000_000));
+    } else if !entry.iot_edge && own {
+        entry.scopes.device_scope = None;
+    }
 }

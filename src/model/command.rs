@@ -138,6 +138,9 @@ pub enum Op {
     /// Sets a device twin's configuration marks; when `apply` names a configuration the twin has not
     /// applied yet, merges its desired patch (JSON text) as a service desired update.
     ApplyConfiguration { device_id: String, marks: std::collections::BTreeMap<String, String>, apply: Option<(String, String)> },
+    /// `PutDevice` that also sets the device's parent: the edge scope of an existing edge device (the
+    /// front door checked it), or `None` for no parent.
+    PutDeviceWithParent { device: DeviceSpec, parent_scope: Option<String>, if_match: Option<IfMatch> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,7 +159,7 @@ impl Command {
     /// The device whose shard owns this command.
     pub fn device_id(&self) -> &str {
         match &self.op {
-            Op::PutDevice { device, .. } => &device.device_id,
+            Op::PutDevice { device, .. } | Op::PutDeviceWithParent { device, .. } => &device.device_id,
             Op::DeleteDevice { device_id, .. } | Op::DeleteModule { device_id, .. } => device_id,
             Op::PutModule { module, .. } => &module.device_id,
             Op::UpdateTwin { id, .. }
@@ -192,6 +195,7 @@ impl fmt::Display for Command {
             Op::JobMethodResult { .. } => "JobMethodResult",
             Op::Configuration(_) => "Configuration",
             Op::ApplyConfiguration { .. } => "ApplyConfiguration",
+            Op::PutDeviceWithParent { .. } => "PutDeviceWithParent",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -24,6 +24,7 @@ mod tests;
 
 pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
 pub use error::TwinError;
+pub use registry::edge_scope_device;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -106,6 +106,30 @@ pub struct DeviceEntry {
     pub iot_edge: bool,
     pub twin: TwinDoc,
     pub modules: BTreeMap<String, ModuleEntry>,
+    /// Edge scopes: an edge device's own `deviceScope`; a leaf's parent edge scope (as its
+    /// `deviceScope` and only `parentScopes` entry); an edge device's parent (`parentScopes`).
+    #[serde(default)]
+    pub scopes: Scopes,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scopes {
+    pub device_scope: Option<String>,
+    pub parent_scopes: Vec<String>,
+}
+
+/// The scope IoT Hub gives an edge device: `ms-azure-iot-edge://{deviceId}-{number}`.
+pub fn edge_scope(device_id: &str, number: u64) -> String {
+    format!("{EDGE_SCOPE_PREFIX}{device_id}-{number}")
+}
+
+pub const EDGE_SCOPE_PREFIX: &str = "ms-azure-iot-edge://";
+
+/// The device id an edge scope names, if `scope` is one.
+pub fn edge_scope_device(scope: &str) -> Option<&str> {
+    let rest = scope.strip_prefix(EDGE_SCOPE_PREFIX)?;
+    let (device, number) = rest.rsplit_once('-')?;
+    (!device.is_empty() && !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())).then_some(device)
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -138,8 +162,8 @@ impl DeviceEntry {
             "cloudToDeviceMessageCount": 0,
             "authentication": id.authentication(),
             "capabilities": {"iotEdge": self.iot_edge},
-            "deviceScope": null,
-            "parentScopes": [],
+            "deviceScope": self.scopes.device_scope,
+            "parentScopes": self.scopes.parent_scopes,
         })
     }
 
@@ -174,6 +198,12 @@ impl DeviceEntry {
         v.insert("version".into(), json!(twin.version));
         if module.is_none() {
             v.insert("capabilities".into(), json!({"iotEdge": self.iot_edge}));
+            if let Some(s) = &self.scopes.device_scope {
+                v.insert("deviceScope".into(), json!(s));
+            }
+            if !self.scopes.parent_scopes.is_empty() {
+                v.insert("parentScopes".into(), json!(self.scopes.parent_scopes));
+            }
         }
         if !twin.configurations.is_empty() {
             v.insert("configurations".into(), super::config::render_marks(&twin.configurations));
