@@ -131,16 +131,21 @@ struct Dev {
 
 impl Dev {
     async fn connect(addr: SocketAddr, device: &str, key: &str) -> Dev {
+        Dev::connect_session(addr, device, key, true).await.0
+    }
+
+    /// Connects with CleanSession `clean`; also answers the CONNACK's session-present flag.
+    async fn connect_session(addr: SocketAddr, device: &str, key: &str, clean: bool) -> (Dev, bool) {
         let mut o = MqttOptions::new(device, addr.ip().to_string(), addr.port());
         o.set_credentials(format!("localhost/{device}/?api-version=2021-04-12"), device_token(device, key));
         o.set_keep_alive(Duration::from_secs(30));
-        o.set_clean_session(true);
+        o.set_clean_session(clean);
         o.set_max_packet_size(1 << 20, 1 << 20);
         let (client, mut el) = AsyncClient::new(o, 64);
-        match tokio::time::timeout(MQTT_WAIT, el.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {}
+        let present = match tokio::time::timeout(MQTT_WAIT, el.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(a)))) => a.session_present,
             other => panic!("{device}: no CONNACK from {addr}: {other:?}"),
-        }
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             loop {
@@ -158,7 +163,7 @@ impl Dev {
                 }
             }
         });
-        Dev { id: device.to_string(), client, rx, backlog: Vec::new(), rid: 0 }
+        (Dev { id: device.to_string(), client, rx, backlog: Vec::new(), rid: 0 }, present)
     }
 
     async fn wait_for(&mut self, mut pred: impl FnMut(&Ev) -> bool) -> Option<Ev> {
@@ -319,6 +324,69 @@ async fn a_direct_method_called_through_any_node_reaches_the_node_holding_the_de
     assert_error(&r, 404, "DeviceNotOnline");
     let _ = d.client.disconnect().await;
     c.assert_no_panics();
+}
+
+/// A persistent session (CleanSession 0) is kept through Raft: after its node is SIGKILLed, the device
+/// reconnects to another node, does not subscribe again, and still gets desired pushes and methods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_session_survives_the_kill_of_its_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = Cluster::up(3, SHARDS);
+    c.settle_leadership().await;
+    let id = "session-dev";
+    let doc = c.api(1).must_create_device(id).await;
+    let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("primary key").to_string();
+    let (mut d, present) = Dev::connect_session(c.node(2).mqtt_plain, id, &key, false).await;
+    assert!(!present, "a first connection has no session");
+    d.subscribe("$iothub/twin/PATCH/properties/desired/#").await;
+    d.subscribe("$iothub/methods/POST/#").await;
+    c.kill9(2);
+    drop(d);
+
+    let (mut d, present) = Dev::connect_session(c.node(3).mqtt_plain, id, &key, false).await;
+    assert!(present, "node 3 resumes the session node 2 held");
+    // The first write after the kill may wait for a new leader: retry until it is acknowledged.
+    let patch = json!({"properties": {"desired": {"after_kill": 1}}});
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let dv = loop {
+        let r = c.api(1).send("PATCH", &format!("/twins/{id}"), Some(&patch), &[]).await;
+        if r.status == 200 {
+            break desired_version(r.json());
+        }
+        assert!(Instant::now() < deadline, "no write acknowledged after the kill: {} {}", r.status, r.text);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (pv, push) = d.desired_push().await.unwrap_or_else(|| panic!("no desired push on node 3 without resubscribing\n{}", c.logs_tail()));
+    assert_eq!((pv, push), (dv, json!({"after_kill": 1, "$version": dv})));
+
+    let api = c.api(1);
+    let call = tokio::spawn(async move {
+        api.send("POST", &format!("/twins/{id}/methods"), Some(&json!({"methodName": "still-there", "responseTimeoutInSeconds": 10})), &[]).await
+    });
+    let ev = d
+        .wait_for(|e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/methods/POST/still-there/")))
+        .await
+        .expect("a method call without resubscribing");
+    let Ev::Publish { topic, .. } = ev else { unreachable!() };
+    let rid = topic.split("?$rid=").nth(1).expect("rid");
+    d.client.publish(format!("$iothub/methods/res/200/?$rid={rid}"), QoS::AtLeastOnce, false, "{}").await.expect("answer");
+    assert_eq!(call.await.unwrap().status, 200);
+
+    // A clean session discards the stored one: the next persistent connection starts empty.
+    let _ = d.client.disconnect().await;
+    let (clean, _) = Dev::connect_session(c.node(1).mqtt_plain, id, &key, true).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let twin_doc = c.api(1).send("GET", &format!("/devices/{id}"), None, &[]).await;
+        assert_eq!(twin_doc.status, 200);
+        let _ = clean.client.disconnect().await;
+        let (_fresh, present) = Dev::connect_session(c.node(3).mqtt_plain, id, &key, false).await;
+        if !present {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stored session was not discarded by a clean connection");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

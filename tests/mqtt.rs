@@ -778,7 +778,7 @@ async fn protocol_violations_close_the_connection() {
     let dev = new_device(&api, "violdev").await;
 
     let mut d = must_connect(&srv, &dev).await;
-    d.publish("$iothub/methods/res/200/?$rid=1", QoS::AtMostOnce, "{}").await;
+    d.publish("$iothub/methods/POST/reboot/?$rid=1", QoS::AtMostOnce, "{}").await;
     d.must_be_closed(WAIT, "unsupported $iothub topic").await;
 
     let mut d = must_connect(&srv, &dev).await;

@@ -158,14 +158,14 @@ mod tests {
         let t = SasToken::parse(&header).unwrap();
         assert_eq!(t.resource, "localhost/devices/dev1");
         assert_eq!(t.skn, None);
-        let creds = Credentials { primary_key: Some("AAAA".into()), secondary_key: Some(KEY.into()), enabled: true };
+        let creds = Credentials { primary_key: Some("AAAA".into()), secondary_key: Some(KEY.into()), enabled: true, subscriptions: Vec::new() };
         verify_device_token(&t, "LOCALHOST:8883", "dev1", None, &creds, se - 10).unwrap();
         assert_eq!(
             verify_device_token(&t, "localhost", "dev2", None, &creds, se - 10),
             Err(AuthError::WrongResource("localhost/devices/dev1".into()))
         );
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &creds, se + 1), Err(AuthError::Expired(se)));
-        let other = Credentials { primary_key: Some("AAAA".into()), secondary_key: None, enabled: true };
+        let other = Credentials { primary_key: Some("AAAA".into()), secondary_key: None, enabled: true, subscriptions: Vec::new() };
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &other, se), Err(AuthError::BadSignature));
         let disabled = Credentials { enabled: false, ..creds };
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &disabled, se), Err(AuthError::Disabled));
@@ -177,7 +177,7 @@ mod tests {
         let se = 2_000_000_000;
         let header = format!("SharedAccessSignature sr={sr}&sig={}&se={se}", quote_all(&sig_b64(KEY, &sr, se)));
         let t = SasToken::parse(&header).unwrap();
-        let creds = Credentials { primary_key: Some(KEY.into()), secondary_key: None, enabled: true };
+        let creds = Credentials { primary_key: Some(KEY.into()), secondary_key: None, enabled: true, subscriptions: Vec::new() };
         verify_device_token(&t, "localhost", "d", Some("m"), &creds, 0).unwrap();
         assert!(verify_device_token(&t, "localhost", "d", None, &creds, 0).is_err());
     }

@@ -96,6 +96,16 @@ impl ShardState {
             }
             Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
             Op::Configuration(op) => self.configs.apply(op, at).map(Reply::Configuration),
+            Op::SetSubscriptions { id, filters } => {
+                let bytes: usize = filters.iter().map(|(f, _)| f.len()).sum();
+                if filters.len() > MAX_STORED_SUBSCRIPTIONS || bytes > MAX_STORED_FILTER_BYTES {
+                    return Err(TwinError::InvalidArgument(format!(
+                        "a session keeps at most {MAX_STORED_SUBSCRIPTIONS} subscriptions of {MAX_STORED_FILTER_BYTES} bytes in all"
+                    )));
+                }
+                self.identity_mut(id)?.subscriptions = filters.clone();
+                Ok(Reply::Done)
+            }
             Op::PutDeviceWithParent { device, parent_scope, if_match } => {
                 let reply = self.put_device(cmd, device, if_match.as_ref(), events)?;
                 let entry = self.devices.get_mut(&device.device_id).ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
@@ -494,3 +504,7 @@ fn set_edge_scope(entry: &mut DeviceEntry, device_id: &str, cmd: &Command) {
         entry.scopes.device_scope = None;
     }
 }
+
+/// Bounds of a stored session (the MQTT endpoint enforces the same per live session).
+pub const MAX_STORED_SUBSCRIPTIONS: usize = 32;
+pub const MAX_STORED_FILTER_BYTES: usize = 2048;

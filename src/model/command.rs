@@ -141,6 +141,8 @@ pub enum Op {
     /// `PutDevice` that also sets the device's parent: the edge scope of an existing edge device (the
     /// front door checked it), or `None` for no parent.
     PutDeviceWithParent { device: DeviceSpec, parent_scope: Option<String>, if_match: Option<IfMatch> },
+    /// The subscriptions (filter, QoS) of an identity's persistent MQTT session; empty clears them.
+    SetSubscriptions { id: TwinId, filters: Vec<(String, u8)> },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,7 +167,8 @@ impl Command {
             Op::UpdateTwin { id, .. }
             | Op::ReplaceTwin { id, .. }
             | Op::UpdateReported { id, .. }
-            | Op::SetConnectionState { id, .. } => &id.device_id,
+            | Op::SetConnectionState { id, .. }
+            | Op::SetSubscriptions { id, .. } => &id.device_id,
             Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) => "",
             Op::ApplyConfiguration { device_id, .. } => device_id,
             Op::JobUpdateTwin { device_id, .. }
@@ -196,6 +199,7 @@ impl fmt::Display for Command {
             Op::Configuration(_) => "Configuration",
             Op::ApplyConfiguration { .. } => "ApplyConfiguration",
             Op::PutDeviceWithParent { .. } => "PutDeviceWithParent",
+            Op::SetSubscriptions { .. } => "SetSubscriptions",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

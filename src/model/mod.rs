@@ -94,6 +94,9 @@ pub struct Credentials {
     pub primary_key: Option<String>,
     pub secondary_key: Option<String>,
     pub enabled: bool,
+    /// The persistent MQTT session's subscriptions (see `Op::SetSubscriptions`).
+    #[serde(default)]
+    pub subscriptions: Vec<(String, u8)>,
 }
 
 /// Counts for `GET /statistics/devices`.
@@ -339,6 +342,7 @@ impl ShardState {
             primary_key: identity.auth.primary_key.clone(),
             secondary_key: identity.auth.secondary_key.clone(),
             enabled: dev.status == Status::Enabled,
+            subscriptions: identity.subscriptions.clone(),
         })
     }
 

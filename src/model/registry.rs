@@ -19,6 +19,10 @@ pub struct Identity {
     pub connected: bool,
     pub connection_state_updated: i64,
     pub last_activity: i64,
+    /// The MQTT subscriptions (filter, QoS) of the identity's persistent session, kept through Raft so
+    /// that a device reconnecting to any node finds them (IoT Hub keeps sessions across its gateways).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subscriptions: Vec<(String, u8)>,
 }
 
 impl Identity {
@@ -30,6 +34,7 @@ impl Identity {
             connected: false,
             connection_state_updated: NEVER,
             last_activity: NEVER,
+            subscriptions: Vec::new(),
         }
     }
 

@@ -225,6 +225,8 @@ struct Connection {
     /// Method calls published to the device and not answered yet, by the `$rid` they were sent with.
     pending_methods: HashMap<String, oneshot::Sender<Result<MethodReply, MethodError>>>,
     next_method_rid: u64,
+    /// The session outlives the connection: its subscriptions are kept through Raft.
+    persistent: bool,
 }
 
 impl Connection {
@@ -252,6 +254,15 @@ impl Connection {
         // connected can be missed.
         let mut pushes = mqtt.hub.desired_pushes(&id);
         let attached = mqtt.sessions.attach(&connect.client_id, SessionRequest { clean_start: connect.clean_session, expiry });
+        let persistent = !expiry.is_zero();
+        let present = match persistent {
+            true => restore_stored_session(&mqtt, &id, &attached.session).await.unwrap_or(attached.present),
+            false => false,
+        };
+        if !persistent {
+            let (mqtt, id) = (mqtt.clone(), id.clone());
+            tokio::spawn(async move { discard_stored_session(&mqtt, &id).await }.in_current_span());
+        }
         let properties = v5.then(|| ConnAckProperties {
             session_expiry_interval: expiry_capped.then(|| MAX_SESSION_EXPIRY.as_secs() as u32),
             receive_max: Some(u16::try_from(limits.max_in_flight).unwrap_or(u16::MAX)),
@@ -266,7 +277,7 @@ impl Connection {
         });
         let mut hello_bytes = BytesMut::new();
         codec.encode(
-            Out::ConnAck { session_present: attached.present, code: ConnAckCode::Accepted, properties },
+            Out::ConnAck { session_present: present, code: ConnAckCode::Accepted, properties },
             &mut hello_bytes,
         );
         let sent = tokio::time::timeout(limits.outbound_stall, wr.write_all(&hello_bytes)).await;
@@ -283,7 +294,7 @@ impl Connection {
             version = ?codec.version(),
             keep_alive,
             clean_start = connect.clean_session,
-            session_present = attached.present,
+            session_present = present,
             "MQTT connection accepted"
         );
         let _gauge = Gauge::open();
@@ -317,6 +328,7 @@ impl Connection {
             last_push: None,
             pending_methods: HashMap::new(),
             next_method_rid: 0,
+            persistent,
         };
         let close = conn
             .run(&mut rd, &mut buf, &mut pushes, &mut calls, &stop, &attached.taken_over, &writer_gone, keep_alive)
@@ -412,6 +424,7 @@ impl Connection {
                         None => tracing::info!(filter = f.path, "subscription refused"),
                     }
                 }
+                self.store_subscriptions().await;
                 self.send(Out::SubAck { pkid: s.pkid, granted }).await
             }
             Packet::Unsubscribe(u, _) => {
@@ -419,6 +432,7 @@ impl Connection {
                     let mut session = lock(&self.session);
                     u.filters.iter().map(|f| session.unsubscribe(f)).collect()
                 };
+                self.store_subscriptions().await;
                 self.send(Out::UnsubAck { pkid: u.pkid, existed }).await
             }
             Packet::PingReq(_) => self.send(Out::PingResp).await,
@@ -592,6 +606,23 @@ impl Connection {
         self.send(Out::Publish(codec::outgoing_publish(&topic, Bytes::from(push.body), qos, pkid))).await
     }
 
+    /// A persistent session's subscriptions, written through the identity's shard before SUBACK or
+    /// UNSUBACK: a device that reconnects to another node (after this one failed) finds them there.
+    fn store_subscriptions(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let write = self.persistent.then(|| {
+            let filters = lock(&self.session).subscriptions().iter().map(|s| (s.filter.clone(), s.qos)).collect();
+            (self.mqtt.clone(), self.id.clone(), Command::new(Op::SetSubscriptions { id: self.id.clone(), filters }, now_ms()))
+        });
+        async move {
+            let Some((mqtt, id, cmd)) = write else { return };
+            match mqtt.twins.write(&id, cmd).await {
+                Ok(Applied { result: Ok(_), .. }) => {}
+                Ok(Applied { result: Err(e), .. }) => tracing::warn!("session subscriptions not stored: {e}"),
+                Err(e) => tracing::warn!("session subscriptions not stored: {e}"),
+            }
+        }
+    }
+
     /// Publishes a direct method call to the device if it subscribed to methods; the answer comes back
     /// through [`Self::on_method_response`].
     async fn on_method_call(&mut self, call: MethodCall) -> Result<(), Close> {
@@ -692,6 +723,46 @@ impl Connection {
             tracing::warn!(pending = ops.len(), "twin requests still running after the connection closed");
         }
         finish_session(&mqtt, &client_id, generation, &id, mqtt.limits.drain).await;
+    }
+}
+
+/// A persistent session's subscriptions as the identity's shard keeps them. Every SUBSCRIBE and
+/// UNSUBSCRIBE of a persistent session is stored before it is acknowledged, so the stored set is never
+/// older than what any node remembers: it replaces the local one (a device may have used another node,
+/// or a clean session elsewhere may have discarded it). Whether a session with subscriptions exists;
+/// `None` if the shard could not be read (the local session is kept as it is).
+async fn restore_stored_session(mqtt: &Mqtt, id: &TwinId, session: &Arc<Mutex<Session>>) -> Option<bool> {
+    let stored = match mqtt.twins.credentials(id).await {
+        Ok(c) => c.map(|c| c.subscriptions).unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!("stored session not read: {e}");
+            return None;
+        }
+    };
+    let mut s = lock(session);
+    let local: Vec<(String, u8)> = s.subscriptions().iter().map(|x| (x.filter.clone(), x.qos)).collect();
+    if local != stored {
+        for (filter, _) in &local {
+            s.unsubscribe(filter);
+        }
+        for (filter, qos) in &stored {
+            s.subscribe(filter, *qos);
+        }
+        metrics::counter!("twinhub_mqtt_sessions_restored_total").increment(1);
+        tracing::info!(subscriptions = stored.len(), "persistent session taken from the registry");
+    }
+    Some(!stored.is_empty())
+}
+
+/// A clean session discards what a persistent one stored (read first: most clean devices have none).
+async fn discard_stored_session(mqtt: &Mqtt, id: &TwinId) {
+    if let Ok(Some(c)) = mqtt.twins.credentials(id).await {
+        if !c.subscriptions.is_empty() {
+            let cmd = Command::new(Op::SetSubscriptions { id: id.clone(), filters: Vec::new() }, now_ms());
+            if let Err(e) = mqtt.twins.write(id, cmd).await {
+                tracing::warn!("stored session not discarded: {e}");
+            }
+        }
     }
 }
 
