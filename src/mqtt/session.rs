@@ -3,8 +3,9 @@
 //!
 //! A session holds the subscriptions and the `$rid` memory of one client id. With CleanSession=0 (MQTT
 //! 5: clean start false and a session expiry) it outlives the connection: the Python SDK never
-//! re-subscribes after a reconnect. Sessions live in this node's memory only: a restart or a device
-//! reconnecting to another node starts afresh.
+//! re-subscribes after a reconnect. A persistent session's subscriptions are also stored through Raft
+//! (see `connection.rs`), so a device reconnecting to another node gets them back; the rest of a
+//! session lives in this node's memory only.
 //!
 //! # Bounds
 //! What a device can make the node remember is bounded on three axes, so that neither one device nor a
