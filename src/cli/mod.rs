@@ -1,5 +1,6 @@
 //! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`, `twinhub bench …`.
 
+pub mod backup;
 pub mod bench;
 pub mod chaos;
 pub mod cluster;
@@ -31,6 +32,10 @@ enum Command {
     /// Load generator and peer comparison (etcd, NATS JetStream KV); see benches/README.md.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Write a consistent backup of a running cluster (devices, twins, job rows, jobs, configurations).
+    Backup(backup::BackupArgs),
+    /// Seed a new (empty) cluster from a backup, after checking the whole file.
+    Restore(backup::RestoreArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -53,6 +58,12 @@ pub fn main() -> ExitCode {
         }
         Command::Chaos(a) => chaos::main(a),
         Command::Bench(b) => bench::main(b),
+        Command::Backup(a) => {
+            // The backup holds every device key.
+            crate::secrets::restrict_umask();
+            backup::backup_main(a)
+        }
+        Command::Restore(a) => backup::restore_main(a),
     }
 }
 

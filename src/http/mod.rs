@@ -4,6 +4,7 @@
 //! entry), build a [`crate::model::Command`] and hand it to [`crate::twin::Twins`]. Every failure is an
 //! [`ApiError`], rendered in one place (`error.rs`).
 
+mod backup;
 mod body;
 mod configurations;
 mod bulk;
@@ -225,6 +226,17 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/members", axum::routing::post(add_member))
         .route("/cluster/members/{node}", axum::routing::delete(remove_member))
         .route("/metrics", get(metrics::metrics_route))
+        .route("/cluster/backup", get(backup::info))
+        .route("/cluster/backup/meta", get(backup::meta))
+        .route("/cluster/backup/shards/{shard}", get(backup::shard_page))
+        .route(
+            "/cluster/restore/meta",
+            axum::routing::post(backup::restore_meta).layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
+        )
+        .route(
+            "/cluster/restore/shards/{shard}",
+            axum::routing::post(backup::restore_shard).layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
+        )
         .route("/configurations", get(configurations::list))
         .route("/configurations/testQueries", axum::routing::post(configurations::test_queries))
         .route(

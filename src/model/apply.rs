@@ -96,6 +96,18 @@ impl ShardState {
             }
             Op::Bulk { entries } => Ok(Reply::Bulk(self.apply_bulk(cmd, entries, events))),
             Op::Configuration(op) => self.configs.apply(op, at).map(Reply::Configuration),
+            Op::RestoreDevices { page_json, .. } => {
+                let page: super::backup::BackupPage = serde_json::from_str(page_json)
+                    .map_err(|e| TwinError::InvalidArgument(format!("a restore page is not valid: {e}")))?;
+                self.restore_page(&page);
+                Ok(Reply::Done)
+            }
+            Op::RestoreMeta { meta_json } => {
+                let meta: super::backup::MetaBackup = serde_json::from_str(meta_json)
+                    .map_err(|e| TwinError::InvalidArgument(format!("restored metadata is not valid: {e}")))?;
+                self.restore_meta(&meta)?;
+                Ok(Reply::Done)
+            }
             Op::SetSubscriptions { id, filters } => {
                 let bytes: usize = filters.iter().map(|(f, _)| f.len()).sum();
                 if filters.len() > MAX_STORED_SUBSCRIPTIONS || bytes > MAX_STORED_FILTER_BYTES {

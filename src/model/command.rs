@@ -143,6 +143,12 @@ pub enum Op {
     PutDeviceWithParent { device: DeviceSpec, parent_scope: Option<String>, if_match: Option<IfMatch> },
     /// The subscriptions (filter, QoS) of an identity's persistent MQTT session; empty clears them.
     SetSubscriptions { id: TwinId, filters: Vec<(String, u8)> },
+    /// A restore's page of one shard's devices (`model::backup::BackupPage` as JSON text); routed by
+    /// `route`, one of its device ids. Inserts only devices the shard does not have.
+    RestoreDevices { route: String, page_json: String },
+    /// A restore's metadata records (`model::backup::MetaBackup` as JSON text): only ever proposed to
+    /// the metadata group.
+    RestoreMeta { meta_json: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -169,7 +175,8 @@ impl Command {
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. }
             | Op::SetSubscriptions { id, .. } => &id.device_id,
-            Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) => "",
+            Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) | Op::RestoreMeta { .. } => "",
+            Op::RestoreDevices { route, .. } => route,
             Op::ApplyConfiguration { device_id, .. } => device_id,
             Op::JobUpdateTwin { device_id, .. }
             | Op::JobMethodClaim { device_id, .. }
@@ -200,6 +207,8 @@ impl fmt::Display for Command {
             Op::ApplyConfiguration { .. } => "ApplyConfiguration",
             Op::PutDeviceWithParent { .. } => "PutDeviceWithParent",
             Op::SetSubscriptions { .. } => "SetSubscriptions",
+            Op::RestoreDevices { .. } => "RestoreDevices",
+            Op::RestoreMeta { .. } => "RestoreMeta",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

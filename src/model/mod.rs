@@ -6,6 +6,7 @@
 //! (sizes after merge, If-Match).
 
 mod apply;
+pub mod backup;
 pub mod bulk;
 pub mod command;
 pub mod config;

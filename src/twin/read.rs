@@ -25,6 +25,8 @@ pub enum ReadOp {
     Stats,
     /// One shard's part of a query (see [`run_query`]).
     Query { text: String, cursor: Option<String>, max_items: usize },
+    /// A backup page: at most `limit` devices after `after` (see `model::backup`).
+    BackupPage { after: Option<String>, limit: usize },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,6 +38,8 @@ pub enum ReadOut {
     Stats(DeviceStats),
     /// A query part, or why the shard could not run it.
     Query(Result<QueryPart, String>),
+    /// A backup page as JSON text.
+    Backup(String),
 }
 
 /// One shard's contribution to a query.
@@ -59,6 +63,9 @@ impl ReadOp {
             ReadOp::Module(d, m) => ReadOut::Doc(s.module(d, m)),
             ReadOp::Stats => ReadOut::Stats(s.stats()),
             ReadOp::Query { text, cursor, max_items } => ReadOut::Query(run_query(s, text, cursor.as_deref(), *max_items)),
+            ReadOp::BackupPage { after, limit } => {
+                ReadOut::Backup(serde_json::to_string(&s.backup_page(after.as_deref(), *limit)).unwrap_or_default())
+            }
         }
     }
 }
