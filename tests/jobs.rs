@@ -97,13 +97,15 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
     let r = api.send("GET", "/jobs/v2/query?jobStatus=cancelled", None, &[]).await;
     assert_eq!(r.json()["items"].as_array().unwrap().len(), 1);
 
-    // Refusals: unknown job, unsupported type, bad condition (with its position), a patch over the
+    // Refusals: unknown job, unsupported type, a method job without a valid call, bad condition (with its position), a patch over the
     // limits, a reused id with another request, a bad status filter. Nothing is stored.
     assert_error(&api.send("GET", "/jobs/v2/nope", None, &[]).await, 404, "JobNotFound");
     assert_error(&api.send("POST", "/jobs/v2/nope/cancel", None, &[]).await, 404, "JobNotFound");
     let api = &api;
     let bad = |patch: Value| async move { api.send("PUT", "/jobs/v2/bad", Some(&patch), &[]).await };
-    assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'", "cloudToDeviceMethod": {"methodName": "m"}})).await, 400, "ArgumentInvalid");
+    assert_error(&bad(json!({"type": "firmwareUpdate", "queryCondition": "deviceId = 'x'"})).await, 400, "ArgumentInvalid");
+    assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'"})).await, 400, "ArgumentInvalid");
+    assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'", "cloudToDeviceMethod": {"methodName": ""}})).await, 400, "ArgumentInvalid");
     let r = bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = = 1", "updateTwin": {"tags": {"a": 1}}})).await;
     assert_error(&r, 400, "ArgumentInvalid");
     assert!(r.text.contains("position"), "{}", r.text);
