@@ -45,6 +45,7 @@ pub mod notify;
 pub mod query;
 pub mod secrets;
 pub mod shard;
+pub mod sysmetrics;
 pub mod tls;
 pub mod twin;
 

@@ -175,7 +175,7 @@ impl Node {
                 tracing::error!("{e}");
             }
         }));
-        tasks.push(tokio::spawn(shard_metrics(shards.clone(), stop.clone())));
+        tasks.push(tokio::spawn(shard_metrics(shards.clone(), dir.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
         tasks.push(tokio::spawn(crate::configurations::run(twins.clone(), config.configuration_interval, stop.clone())));
         tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), Some(methods), stop.clone())));
@@ -235,7 +235,7 @@ async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
 }
 
 /// Per-shard gauges of the replicas this node hosts (and of the metadata group as shard `meta`).
-async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
+async fn shard_metrics(shards: Arc<Shards>, data_dir: std::path::PathBuf, stop: CancellationToken) {
     let mut leaders: std::collections::HashMap<String, Option<u64>> = Default::default();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
@@ -243,6 +243,7 @@ async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
+        crate::sysmetrics::record(&data_dir);
         let meta = shards.meta_status().map(|m| ("meta".to_string(), m));
         let hosted = shards.status().into_iter().map(|s| (s.shard.to_string(), s));
         for (shard, st) in hosted.chain(meta) {
@@ -251,9 +252,14 @@ async fn shard_metrics(shards: Arc<Shards>, stop: CancellationToken) {
             metrics::gauge!("twinhub_shard_commit_index", "shard" => shard.clone()).set(st.committed as f64);
             metrics::gauge!("twinhub_shard_apply_index", "shard" => shard.clone()).set(st.applied as f64);
             metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader { 1.0 } else { 0.0 });
+            metrics::gauge!("twinhub_shard_has_leader", "shard" => shard.clone()).set(if st.leader.is_some() { 1.0 } else { 0.0 });
             let max_lag = st.lag.values().copied().max().unwrap_or(0);
             metrics::gauge!("twinhub_shard_max_replica_lag", "shard" => shard.clone()).set(max_lag as f64);
-            let prev = leaders.entry(shard.clone()).or_insert(st.leader);
+            let prev = leaders.entry(shard.clone()).or_insert_with(|| {
+                // Registered at zero so the series exists before the first change.
+                metrics::counter!("twinhub_shard_leader_changes_total", "shard" => shard.clone()).increment(0);
+                st.leader
+            });
             if *prev != st.leader {
                 metrics::counter!("twinhub_shard_leader_changes_total", "shard" => shard).increment(1);
                 *prev = st.leader;

@@ -244,6 +244,7 @@ impl Writer {
             reqs.into_iter().for_each(|r| fail(r, &err));
             return;
         }
+        metrics::histogram!("twinhub_storage_batch_requests").record(reqs.len() as f64);
         let mut durables = Vec::with_capacity(reqs.len());
         for req in reqs {
             if let Some(w) = req.written {
@@ -295,7 +296,10 @@ impl Writer {
             return Err(io::Error::other(msg.clone()));
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.db.persist(PersistMode::SyncAll).map_err(|e| {
+        let started = std::time::Instant::now();
+        let synced = self.db.persist(PersistMode::SyncAll);
+        metrics::histogram!("twinhub_storage_fsync_seconds").record(started.elapsed().as_secs_f64());
+        synced.map_err(|e| {
             self.failed = Some(format!("raft storage fsync failed: {e}"));
             io::Error::other(e.to_string())
         })
