@@ -190,6 +190,13 @@ class Hub:
 
 
 @pytest.fixture(scope="module")
+def rm(hub):
+    """The service SDK's registry manager for the module's `hub` (each suite defines `hub`)."""
+    from azure.iot.hub import IoTHubRegistryManager
+    return IoTHubRegistryManager.from_connection_string(hub.connection_string)
+
+
+@pytest.fixture(scope="module")
 def make_hub():
     """Factory: `make_hub(extra_args)` starts a Hub, points the service SDK (REQUESTS_CA_BUNDLE) at its
     CA, and stops it (and restores the environment) when the module's tests are done."""

@@ -9,7 +9,7 @@ import time
 import pytest
 from msrest.exceptions import HttpOperationError
 
-from azure.iot.hub import IoTHubConfigurationManager, IoTHubRegistryManager
+from azure.iot.hub import IoTHubConfigurationManager
 from azure.iot.hub.models import (Configuration, ConfigurationContent, ConfigurationMetrics,
                                   ConfigurationQueriesTestInput, Twin, TwinProperties)
 
@@ -22,11 +22,6 @@ WAIT = 60
 def hub(make_hub):
     return make_hub(["--mqtt-listen", "127.0.0.1:0", "--events-listen", "127.0.0.1:0",
                      "--configuration-interval-secs", "1"])
-
-
-@pytest.fixture(scope="module")
-def rm(hub):
-    return IoTHubRegistryManager.from_connection_string(hub.connection_string)
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,9 @@ import pytest
 from msrest.exceptions import HttpOperationError
 
 from conftest import assert_port_free
-from test_device_sdk import DEVICE_PORT, WAIT, Clients, _uid, new_device, within
-import test_device_sdk
+from test_device_sdk import DEVICE_PORT, WAIT, _uid, clients, new_device, within  # noqa: F401 (clients is a fixture)
 
 from azure.iot.device import MethodResponse
-from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import CloudToDeviceMethod
 
 pytestmark = pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLSv1_2 is deprecated:DeprecationWarning")
@@ -29,20 +27,6 @@ def hub(make_hub):
                   "--events-listen", "127.0.0.1:0"])
     assert h.mqtt_port == DEVICE_PORT
     return h
-
-
-@pytest.fixture(scope="module")
-def rm(hub):
-    return IoTHubRegistryManager.from_connection_string(hub.connection_string)
-
-
-@pytest.fixture
-def clients(hub):
-    test_device_sdk._hub_for_messages = hub
-    cl = Clients(hub)
-    yield cl
-    errors = cl.shutdown_all()
-    assert not errors, errors
 
 
 def answering(client, calls, status=200, answer=None):

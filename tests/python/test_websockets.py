@@ -7,12 +7,10 @@ here can reach port 8883. 443 must be free.
 import pytest
 
 from conftest import assert_port_free
-from test_device_sdk import WAIT, Clients, Recorder, is_full_document, new_device, set_desired_handler, \
-    user_props, within
-import test_device_sdk
+from test_device_sdk import WAIT, Recorder, clients, is_full_document, new_device, set_desired_handler, \
+    user_props, within  # noqa: F401 (clients is a fixture)
 
 from azure.iot.device.exceptions import CredentialError
-from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import Twin, TwinProperties
 
 pytestmark = pytest.mark.filterwarnings("ignore:ssl.PROTOCOL_TLSv1_2 is deprecated:DeprecationWarning")
@@ -27,20 +25,6 @@ def hub(make_hub):
                   "--events-listen", "127.0.0.1:0"])
     assert h.http_port == WSS_PORT and h.mqtt_port != 8883, h.listen
     return h
-
-
-@pytest.fixture(scope="module")
-def rm(hub):
-    return IoTHubRegistryManager.from_connection_string(hub.connection_string)
-
-
-@pytest.fixture
-def clients(hub):
-    test_device_sdk._hub_for_messages = hub
-    cl = Clients(hub)
-    yield cl
-    errors = cl.shutdown_all()
-    assert not errors, errors
 
 
 def test_websocket_device_gets_twin_patches_reported_and_receives_desired(hub, rm, clients):
