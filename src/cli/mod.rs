@@ -31,6 +31,9 @@ enum Command {
     /// Load generator and peer comparison (etcd, NATS JetStream KV); see benches/README.md.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The chaos suite's power-loss file system (started by `twinhub chaos`; see chaos/README.md).
+    #[command(hide = true)]
+    ChaosFs(crate::chaos::powerfs::ChaosFsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -53,6 +56,7 @@ pub fn main() -> ExitCode {
         }
         Command::Chaos(a) => chaos::main(a),
         Command::Bench(b) => bench::main(b),
+        Command::ChaosFs(a) => crate::chaos::powerfs::main(a),
     }
 }
 
