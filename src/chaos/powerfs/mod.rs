@@ -89,6 +89,9 @@ fn run(backing: &Path, mount: &Path, tear: bool) -> anyhow::Result<()> {
             pending,
             rep.torn.as_ref().map(|(p, off, n)| format!(", page at {off} of {} torn after {n} bytes", p.display())).unwrap_or_default()
         );
+        for u in &rep.undone {
+            eprintln!("twinhub chaos-fs: undone: {u}");
+        }
         for n in &rep.notes {
             eprintln!("twinhub chaos-fs: note: {n}");
         }

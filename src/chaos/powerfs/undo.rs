@@ -72,6 +72,8 @@ pub struct LossReport {
     pub torn: Option<(PathBuf, u64, u64)>,
     /// What could not be undone exactly, and why.
     pub notes: Vec<String>,
+    /// Each name operation undone, newest first (for the log).
+    pub undone: Vec<String>,
 }
 
 /// The undo records of one mounted tree.
@@ -287,7 +289,14 @@ impl Journal {
                 }),
             };
             match res {
-                Ok(()) => rep.dir_ops_undone += 1,
+                Ok(()) => {
+                    rep.dir_ops_undone += 1;
+                    rep.undone.push(match &op {
+                        DirOp::Created { path, .. } => format!("created {}", path.display()),
+                        DirOp::Removed { path, .. } => format!("removed {}", path.display()),
+                        DirOp::Renamed { from, to, .. } => format!("renamed {} -> {}", from.display(), to.display()),
+                    });
+                }
                 Err(e) => rep.notes.push(format!("undo of {op:?} failed (a durable operation depended on it?): {e}")),
             }
         }
