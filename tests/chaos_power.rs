@@ -50,11 +50,15 @@ fn mount(backing: &Path, mnt: &Path, log: &Path) -> Child {
     child
 }
 
-fn signal_and_wait(mut c: Child, sig: i32) {
+fn signal_and_wait(mut c: Child, sig: i32, log: &Path) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(c.id() as i32, sig) };
     let st = c.wait().expect("wait chaos-fs");
-    assert!(st.success(), "chaos-fs exited {st}");
+    assert!(st.success(), "chaos-fs exited {st}: {}", log_of(log));
+}
+
+fn log_of(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
 }
 
 fn sync_dir(p: &Path) {
@@ -73,6 +77,7 @@ fn powerfs_mount_forgets_what_was_not_synced() {
     f.write_all(b"kept").expect("write");
     f.sync_all().expect("fsync");
     std::fs::create_dir(mnt.join("sub")).expect("mkdir");
+    std::fs::create_dir(mnt.join("other")).expect("mkdir");
     sync_dir(&mnt);
     // The file's later, unsynced append and overwrite are lost.
     f.write_all(b" and lost").expect("append");
@@ -88,24 +93,27 @@ fn powerfs_mount_forgets_what_was_not_synced() {
     t.sync_all().expect("fsync");
     drop(t);
     std::fs::rename(mnt.join("durable.tmp"), mnt.join("durable")).expect("rename");
-    // A removal without the directory fsync is undone.
-    let mut h = File::create(mnt.join("removed")).expect("create");
+    // A removal without the directory fsync is undone (in another directory: a sync of the root would
+    // make the rename above final).
+    let other = mnt.join("other");
+    let mut h = File::create(other.join("removed")).expect("create");
     h.write_all(b"still here").expect("write");
     h.sync_all().expect("fsync");
-    sync_dir(&mnt);
-    std::fs::remove_file(mnt.join("removed")).expect("unlink");
-    // fdatasync counts as a sync; O_TRUNC is undone without one.
-    let mut d = OpenOptions::new().write(true).create(true).truncate(true).open(mnt.join("removed2")).expect("create");
+    // fdatasync counts as a sync; an O_TRUNC open after it is undone.
+    let mut d = OpenOptions::new().write(true).create(true).truncate(true).open(other.join("truncated")).expect("create");
     d.write_all(b"0123456789").expect("write");
     d.sync_data().expect("fdatasync");
-    sync_dir(&mnt);
     drop(d);
-    OpenOptions::new().write(true).truncate(true).open(mnt.join("removed2")).expect("truncate");
+    sync_dir(&other);
+    std::fs::remove_file(other.join("removed")).expect("unlink");
+    OpenOptions::new().write(true).truncate(true).open(other.join("truncated")).expect("truncate");
     assert_eq!(std::fs::read(mnt.join("durable")).expect("read"), b"new", "before the loss the mount shows every write");
+    // As after a SIGKILL: nothing holds the mount any more (else the unmount after the drop fails).
+    drop((g, h));
 
-    signal_and_wait(fs, libc::SIGUSR1);
+    signal_and_wait(fs, libc::SIGUSR1, &log);
     assert!(!is_mounted(&mnt), "a power loss unmounts (dropping the page cache)");
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let said = log_of(&log);
     assert!(said.contains("POWER LOSS"), "{said}");
 
     let fs = mount(&backing, &mnt, &log);
@@ -113,11 +121,11 @@ fn powerfs_mount_forgets_what_was_not_synced() {
     assert!(mnt.join("sub").is_dir());
     assert!(!mnt.join("sub/unnamed").exists(), "an unsynced name must be gone");
     assert!(!mnt.join("durable.tmp").exists(), "the temp file was created without a directory sync");
-    assert_eq!(std::fs::read(mnt.join("removed")).expect("read removed"), b"still here");
-    assert_eq!(std::fs::read(mnt.join("removed2")).expect("read removed2"), b"0123456789");
+    assert_eq!(std::fs::read(mnt.join("other/removed")).expect("read removed"), b"still here");
+    assert_eq!(std::fs::read(mnt.join("other/truncated")).expect("read truncated"), b"0123456789");
     // A clean stop keeps everything (the disk stayed powered).
     std::fs::write(mnt.join("after"), b"x").expect("write");
-    signal_and_wait(fs, libc::SIGTERM);
+    signal_and_wait(fs, libc::SIGTERM, &log);
     assert!(!is_mounted(&mnt));
     assert_eq!(std::fs::read(backing.join("tree/after")).expect("read after"), b"x");
 }

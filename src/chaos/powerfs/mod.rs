@@ -106,7 +106,7 @@ fn run(backing: &Path, mount: &Path, tear: bool) -> anyhow::Result<()> {
             eprintln!("twinhub chaos-fs: refused (cannot be undone): {r}");
         }
     }
-    session.umount_and_join().context("unmounting")?;
+    session.umount_and_join().with_context(|| format!("unmounting {} (does a process still use it?)", mount.display()))?;
     let _ = std::fs::remove_dir_all(&trash);
     Ok(())
 }
