@@ -138,6 +138,15 @@ fn entry(st: &mut State, path: PathBuf) -> Result<FileAttr, Errno> {
     Ok(a)
 }
 
+/// Open flags passed on to the backing file. Access mode, creation and truncation are handled here
+/// (truncation through the journal); `O_APPEND` is dropped because the kernel already gives each write
+/// its offset (the end of the file), and `pwrite` on an `O_APPEND` file would ignore that offset;
+/// `O_DIRECT` because durability here is the journal's business, not the backing page cache's (and
+/// tmpfs refuses it).
+fn backing_flags(flags: i32) -> i32 {
+    flags & !(libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT)
+}
+
 fn child(st: &State, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
     if name.as_bytes().contains(&b'/') {
         return Err(Errno::EINVAL);
@@ -303,7 +312,7 @@ impl Filesystem for PowerFs {
             let f = std::fs::OpenOptions::new()
                 .read(true)
                 .write(acc != libc::O_RDONLY)
-                .custom_flags(flags.0 & !(libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT))
+                .custom_flags(backing_flags(flags.0))
                 .open(&p)
                 .map_err(errno)?;
             if flags.0 & libc::O_TRUNC != 0 && acc != libc::O_RDONLY {
@@ -451,7 +460,7 @@ impl Filesystem for PowerFs {
                 .create(true)
                 .truncate(false)
                 .mode(mode & !umask & 0o7777)
-                .custom_flags(flags & !(libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_CREAT | libc::O_EXCL | libc::O_DIRECT))
+                .custom_flags(backing_flags(flags))
                 .open(&p)
                 .map_err(errno)?;
             let a = entry(&mut st, p.clone())?;
