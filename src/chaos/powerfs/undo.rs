@@ -21,6 +21,7 @@
 //!
 //! No FUSE here: the journal works on plain paths, so it is unit-tested on a temporary directory.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
@@ -38,6 +39,16 @@ struct FileUndo {
     synced_size: u64,
     /// Page index → contents of the page at the last sync (only the part below `synced_size`).
     pages: BTreeMap<u64, Vec<u8>>,
+}
+
+impl FileUndo {
+    /// Saves page `p` as it was at the last sync, unless it is saved already.
+    fn save(&mut self, f: &File, p: u64) -> io::Result<()> {
+        if let std::collections::btree_map::Entry::Vacant(e) = self.pages.entry(p) {
+            e.insert(read_page(f, p, self.synced_size)?);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -108,11 +119,10 @@ impl Journal {
     }
 
     fn record(&mut self, ino: u64, f: &File) -> io::Result<&mut FileUndo> {
-        if !self.files.contains_key(&ino) {
-            let synced_size = f.metadata()?.len();
-            self.files.insert(ino, FileUndo { synced_size, pages: BTreeMap::new() });
-        }
-        Ok(self.files.get_mut(&ino).expect("inserted above"))
+        Ok(match self.files.entry(ino) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(FileUndo { synced_size: f.metadata()?.len(), pages: BTreeMap::new() }),
+        })
     }
 
     /// Saves what a write of `len` bytes at `offset` to `f` (inode `ino`) will overwrite. Call before
@@ -129,10 +139,7 @@ impl Journal {
             if p * PAGE >= synced {
                 break;
             }
-            if !rec.pages.contains_key(&p) {
-                let old = read_page(f, p, synced)?;
-                rec.pages.insert(p, old);
-            }
+            rec.save(f, p)?;
         }
         self.last_write = Some((ino, last));
         Ok(())
@@ -144,10 +151,7 @@ impl Journal {
         let synced = rec.synced_size;
         if new_size < synced {
             for p in new_size / PAGE..synced.div_ceil(PAGE) {
-                if !rec.pages.contains_key(&p) {
-                    let old = read_page(f, p, synced)?;
-                    rec.pages.insert(p, old);
-                }
+                rec.save(f, p)?;
             }
         }
         Ok(())
