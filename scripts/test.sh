@@ -79,6 +79,8 @@ command -v ss >/dev/null 2>&1 || apt_install iproute2
 command -v iptables >/dev/null 2>&1 || apt_install iptables
 # tests/dashboards.rs checks the Prometheus rules and scrape config with promtool.
 command -v promtool >/dev/null 2>&1 || apt_install prometheus
+# The chaos suite's power-loss file system mounts through FUSE (fusermount3 from Debian's fuse3).
+command -v fusermount3 >/dev/null 2>&1 || apt_install fuse3
 "$VENV/bin/python" -c 'import azure.iot.hub, azure.iot.device, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| azure-iot-device", version("azure-iot-device"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
   || die "the Python SDKs do not import from $VENV"
 

@@ -60,6 +60,7 @@ mod slack;
 mod versions;
 mod wgl;
 
+pub mod powerfs;
 pub mod runner;
 
 #[cfg(test)]

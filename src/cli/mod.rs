@@ -36,6 +36,9 @@ enum Command {
     Backup(backup::BackupArgs),
     /// Seed a new (empty) cluster from a backup, after checking the whole file.
     Restore(backup::RestoreArgs),
+    /// The chaos suite's power-loss file system (started by `twinhub chaos`; see chaos/README.md).
+    #[command(hide = true)]
+    ChaosFs(crate::chaos::powerfs::ChaosFsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -64,6 +67,7 @@ pub fn main() -> ExitCode {
             backup::backup_main(a)
         }
         Command::Restore(a) => backup::restore_main(a),
+        Command::ChaosFs(a) => crate::chaos::powerfs::main(a),
     }
 }
 

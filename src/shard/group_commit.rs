@@ -296,6 +296,10 @@ impl Writer {
             return Err(io::Error::other(msg.clone()));
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        if skip_fsync_mutation() {
+            // Test-only mutation (debug builds only): acknowledge without making the batch durable.
+            return Ok(());
+        }
         let started = std::time::Instant::now();
         let synced = self.db.persist(PersistMode::SyncAll);
         metrics::histogram!("twinhub_storage_fsync_seconds").record(started.elapsed().as_secs_f64());
@@ -303,6 +307,31 @@ impl Writer {
             self.failed = Some(format!("raft storage fsync failed: {e}"));
             io::Error::other(e.to_string())
         })
+    }
+}
+
+/// The environment variable of the test-only mutation that skips the group commit's fsync.
+pub const SKIP_FSYNC_MUTATION_ENV: &str = "TWINHUB_MUTATION_SKIP_RAFT_FSYNC";
+
+/// Whether the group commit skips its fsync: a deliberate durability bug, so that the chaos suite's
+/// power-loss scenarios can show that they catch one (`tests/chaos_power_mutation.rs`). Only debug
+/// builds honour it (`cfg(debug_assertions)`): a release build compiles the check away, whatever its
+/// environment says. The node logs an error at start when it is on.
+pub fn skip_fsync_mutation() -> bool {
+    #[cfg(debug_assertions)]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let on = std::env::var(SKIP_FSYNC_MUTATION_ENV).is_ok_and(|v| v == "1");
+            if on {
+                tracing::error!("{SKIP_FSYNC_MUTATION_ENV}=1: MUTATION ON, writes are acknowledged without fsync (debug build, tests only)");
+            }
+            on
+        })
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        false
     }
 }
 

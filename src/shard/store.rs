@@ -74,6 +74,13 @@ impl Store {
         let db = Database::builder(dir).open().map_err(io_err)?;
         let log = db.keyspace("log", KeyspaceCreateOptions::default).map_err(io_err)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default).map_err(io_err)?;
+        // fjall creates each keyspace's directory under `keyspaces/` without an fsync of `keyspaces/`
+        // (and the database directory's own entry in its parent is ours to sync): until these syncs a
+        // power loss may drop a whole keyspace directory, and with it every table flushed into it
+        // (chaos/findings/2026-11-24-power-loss-keyspace-dir). Cheap when nothing changed.
+        for d in [dir.join("keyspaces"), dir.to_path_buf()].iter().chain(dir.parent().map(Path::to_path_buf).as_ref()) {
+            std::fs::File::open(d)?.sync_all()?;
+        }
         let writer = GroupCommit::start(db.clone(), log.clone(), meta.clone())?;
         Ok(Store { db, log, meta, writer })
     }

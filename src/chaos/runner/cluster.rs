@@ -48,11 +48,15 @@ pub struct NodeProc {
     pub ip: IpAddr,
     pub http: SocketAddr,
     pub mqtt_plain: SocketAddr,
-    /// The node's tmpfs mount point; its data directory is `disk/data`.
+    /// The node's tmpfs mount point; its data directory is `disk/data`, where the power-loss file
+    /// system (`twinhub chaos-fs`, backed by `disk/powerfs/tree`) is mounted.
     pub disk: PathBuf,
     pub data_dir: PathBuf,
     pub log: PathBuf,
     child: Option<Child>,
+    /// The `twinhub chaos-fs` process serving `data_dir`; its stderr goes to `powerfs_log`.
+    fs_child: Option<Child>,
+    pub powerfs_log: PathBuf,
     pub paused: bool,
     pub starts: u32,
 }
@@ -80,11 +84,13 @@ pub fn unmount_stale(dir: &Path) {
     let dir_s = dir.to_string_lossy().to_string();
     for line in std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines() {
         if let Some(mp) = line.split_whitespace().nth(1) {
-            if !dir_s.is_empty() && mp.starts_with(&dir_s) && mp.ends_with("/disk") {
+            if !dir_s.is_empty() && mp.starts_with(&dir_s) && (mp.ends_with("/disk") || mp.ends_with("/disk/data")) {
                 points.push(mp.to_string());
             }
         }
     }
+    // Power-loss file systems first (they sit on the disks).
+    points.sort_by_key(|p| !p.ends_with("/data"));
     let mounted = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     for p in points {
         if mounted.lines().any(|l| l.split_whitespace().nth(1) == Some(p.as_str())) {
@@ -123,10 +129,10 @@ impl Cluster {
             let disk = node_dir.join("disk");
             std::fs::create_dir_all(&disk)?;
             net::run("mount", &["-t", "tmpfs", "-o", &format!("size={}m", cfg.disk_mb), "tmpfs", &disk.to_string_lossy()])?;
-            mounts.push_str(&format!("{}\n", disk.display()));
-            std::fs::write(mounts_file(), &mounts)?;
             let data_dir = disk.join("data");
             std::fs::create_dir_all(&data_dir)?;
+            mounts.push_str(&format!("{}\n{}\n", data_dir.display(), disk.display()));
+            std::fs::write(mounts_file(), &mounts)?;
             nodes.push(NodeProc {
                 id,
                 ip,
@@ -136,6 +142,8 @@ impl Cluster {
                 data_dir,
                 log: node_dir.join("twinhub.log"),
                 child: None,
+                fs_child: None,
+                powerfs_log: node_dir.join("powerfs.log"),
                 paused: false,
                 starts: 0,
             });
@@ -170,13 +178,116 @@ impl Cluster {
         self.nodes.iter_mut().find(|n| n.id == id).expect("known node id")
     }
 
-    /// Starts `twinhub serve` for node `id` inside its namespace; stderr appended to its log.
+    /// Mounts node `id`'s power-loss file system (`twinhub chaos-fs`) over its data directory unless
+    /// it is mounted already; waits until the mount shows in `/proc/mounts`.
+    pub fn mount_fs(&mut self, id: u64) -> Result<()> {
+        let bin = self.cfg.bin.clone();
+        let n = self.node_mut(id);
+        if let Some(c) = n.fs_child.as_mut() {
+            match c.try_wait() {
+                Ok(None) => return Ok(()),
+                Ok(Some(st)) => say!("node {id}: its power-loss file system had exited ({st}); mounting it again"),
+                Err(e) => say!("node {id}: power-loss file system: {e}"),
+            }
+            n.fs_child = None;
+        }
+        let err = std::fs::OpenOptions::new().create(true).append(true).open(&n.powerfs_log)?;
+        let mount = n.data_dir.clone();
+        let child = Command::new(&bin)
+            .arg("chaos-fs")
+            .arg("--backing")
+            .arg(n.disk.join("powerfs"))
+            .arg("--mount")
+            .arg(&mount)
+            .env("RUST_LOG", "warn,fuser=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {} chaos-fs", bin.display()))?;
+        n.fs_child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let want = mount.to_string_lossy().to_string();
+        loop {
+            let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+            if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some(want.as_str()) && l.contains("fuse")) {
+                return Ok(());
+            }
+            let n = self.node_mut(id);
+            if let Some(Ok(Some(st))) = n.fs_child.as_mut().map(|c| c.try_wait()) {
+                n.fs_child = None;
+                bail!("node {id}: the power-loss file system exited at mount ({st}); see {}", n.powerfs_log.display());
+            }
+            if Instant::now() > deadline {
+                bail!("node {id}: the power-loss file system did not mount within 20 s; see {}", n.powerfs_log.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Power loss on node `id`: SIGKILL the node, then tell its file system to drop everything that
+    /// was not synced and unmount (which also drops the kernel's page cache of it). The next
+    /// [`spawn`](Self::spawn) mounts it again. Returns the file system's account of what it dropped.
+    pub async fn power_loss(&mut self, id: u64) -> Result<String> {
+        self.kill9(id).await;
+        if self.node(id).child.is_some() {
+            bail!("node {id} did not die on SIGKILL");
+        }
+        let log = self.node(id).powerfs_log.clone();
+        let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
+        let n = self.node_mut(id);
+        let Some(mut c) = n.fs_child.take() else { bail!("node {id}: no power-loss file system mounted") };
+        unsafe {
+            libc::kill(c.id() as i32, libc::SIGUSR1);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let st = loop {
+            if let Some(st) = c.try_wait()? {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                bail!("node {id}: the power-loss file system did not finish the drop within 30 s; see {}", log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let text = std::fs::read(&log).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text[from.min(text.len())..]).to_string();
+        let said: Vec<&str> = text.lines().filter(|l| l.contains("POWER LOSS") || l.contains("note:") || l.contains("refused")).collect();
+        if !st.success() {
+            bail!("node {id}: the power-loss file system exited {st}: {}", said.join(" | "));
+        }
+        Ok(said.join(" | ").replace("twinhub chaos-fs: ", ""))
+    }
+
+    /// Unmounts node `id`'s power-loss file system cleanly (nothing dropped). The node must be down.
+    pub async fn unmount_fs(&mut self, id: u64) {
+        if let Some(mut c) = self.node_mut(id).fs_child.take() {
+            unsafe {
+                libc::kill(c.id() as i32, libc::SIGTERM);
+            }
+            for _ in 0..500 {
+                if !matches!(c.try_wait(), Ok(None)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts `twinhub serve` for node `id` inside its namespace (mounting its power-loss file system
+    /// first if needed); stderr appended to its log.
     pub fn spawn(&mut self, id: u64) -> Result<()> {
+        if self.node(id).child.is_some() {
+            bail!("node {id} is already running");
+        }
+        self.mount_fs(id)?;
         let (ip, data_dir, log) = {
             let n = self.node(id);
-            if n.child.is_some() {
-                bail!("node {id} is already running");
-            }
             (n.ip, n.data_dir.clone(), n.log.clone())
         };
         let err = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
@@ -208,6 +319,10 @@ impl Cluster {
             if k.to_string_lossy().starts_with("TWINHUB_") {
                 cmd.env_remove(&k);
             }
+        }
+        // The test-only durability mutation passes through (debug builds honour it; see group_commit).
+        if let Ok(v) = std::env::var(crate::shard::group_commit::SKIP_FSYNC_MUTATION_ENV) {
+            cmd.env(crate::shard::group_commit::SKIP_FSYNC_MUTATION_ENV, v);
         }
         cmd.env("RUST_LOG", std::env::var("CHAOS_NODE_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .env("NO_COLOR", "1")
@@ -433,6 +548,7 @@ impl Cluster {
     pub async fn shutdown(&mut self) {
         for id in self.ids() {
             self.kill9(id).await;
+            self.unmount_fs(id).await;
         }
         cleanup_all(&self.cfg.dir);
     }

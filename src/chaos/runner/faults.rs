@@ -16,7 +16,7 @@ use crate::chaos::runner::net::{self, Direction};
 use crate::say;
 use crate::chaos::runner::util::{now_ns, secs};
 
-pub const SCENARIOS: [&str; 9] = [
+pub const SCENARIOS: [&str; 12] = [
     "kill-random-node",
     "kill-shard-leader",
     "pause-node",
@@ -26,6 +26,9 @@ pub const SCENARIOS: [&str; 9] = [
     "one-way-loss",
     "rolling-restart",
     "disk-full",
+    "power-loss-node",
+    "power-loss-majority",
+    "power-loss-cluster",
 ];
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -253,9 +256,84 @@ impl Nemesis<'_> {
                 }
             }
             "disk-full" => self.disk_full().await?,
+            "power-loss-node" => {
+                let id = self.cluster.leader_heavy().await;
+                self.power_loss(vec![id], "leader-heavy node").await;
+            }
+            "power-loss-majority" => {
+                let first = self.cluster.leader_heavy().await;
+                let mut rest: Vec<u64> = ids.iter().copied().filter(|i| *i != first).collect();
+                rest.shuffle(self.rng);
+                let mut chosen = vec![first];
+                chosen.extend(rest.into_iter().take(ids.len() / 2));
+                chosen.sort();
+                self.power_loss(chosen, "a majority, with the leader-heavy node").await;
+            }
+            "power-loss-cluster" => self.power_loss(ids.clone(), "every node").await,
             other => anyhow::bail!("unknown scenario {other}"),
         }
         Ok(())
+    }
+
+    /// Power loss on `ids` at once: SIGKILL them all, then each one's file system drops what it had not
+    /// synced and unmounts; after the hold every node restarts on what is left. A node that cannot
+    /// start on it is observed with what it logged.
+    async fn power_loss(&mut self, ids: Vec<u64>, which: &str) {
+        let start = now_ns();
+        for &id in &ids {
+            self.cluster.signal(id, libc::SIGCONT);
+            self.cluster.signal(id, libc::SIGKILL);
+        }
+        let mut dropped = Vec::new();
+        for &id in &ids {
+            match self.cluster.power_loss(id).await {
+                Ok(s) => dropped.push(format!("node {id}: {s}")),
+                Err(e) => {
+                    self.observe(format!("power loss on node {id} failed: {e:#}"));
+                    dropped.push(format!("node {id}: drop failed"));
+                }
+            }
+        }
+        tokio::time::sleep(self.timing.kill_down).await;
+        let log_from: BTreeMap<u64, u64> = ids.iter().map(|id| (*id, std::fs::metadata(&self.cluster.node(*id).log).map(|m| m.len()).unwrap_or(0))).collect();
+        for &id in &ids {
+            if let Err(e) = self.cluster.spawn(id) {
+                self.observe(format!("node {id}: restart after the power loss failed: {e:#}"));
+            }
+        }
+        let mut hows = Vec::new();
+        for &id in &ids {
+            let how = match self.wait_node_ready(id, Duration::from_secs(60)).await {
+                Some(d) => format!("node {id} ready {:.1}s after restart", d.as_secs_f64()),
+                None => {
+                    let log = self.cluster.node(id).log.clone();
+                    let text = std::fs::read(&log).unwrap_or_default();
+                    let from = (log_from[&id] as usize).min(text.len());
+                    let text = String::from_utf8_lossy(&text[from..]).to_string();
+                    let errs: Vec<&str> = text.lines().filter(|l| l.contains("ERROR") || l.contains("twinhub:")).take(4).collect();
+                    self.observe(format!("node {id} did not come back after the power loss; it said: {}", errs.join(" || ")));
+                    if self.cluster.is_running(id) {
+                        format!("node {id} not ready")
+                    } else {
+                        // Restart once more so that the rest of the run has its cluster.
+                        let _ = self.cluster.spawn(id);
+                        format!("node {id} exited at start (restarted once more)")
+                    }
+                }
+            };
+            hows.push(how);
+        }
+        self.record(
+            "power-loss",
+            ids.clone(),
+            format!(
+                "power loss on {which} {ids:?} (SIGKILL, unsynced data dropped), down {:?}; {}; {}",
+                self.timing.kill_down,
+                dropped.join("; "),
+                hows.join(", ")
+            ),
+            start,
+        );
     }
 
     /// Fills the leader-heavy node's data disk until writes fail, keeps it full while the workload runs,

@@ -138,7 +138,14 @@ pub async fn run(opts: RunOpts) -> Result<RunReport> {
         report.passed = report.scenarios.iter().all(|s| s.passed);
         write_all(&dir, &report)?;
         index += 1;
-        // A cluster that does not come back healthy is rebuilt for the next scenario.
+        // A cluster that does not come back healthy is rebuilt for the next scenario (if one follows).
+        let more = match opts.profile {
+            Profile::Short => opts.scenario.is_none() && index < SCENARIOS.len(),
+            Profile::Long => deadline.is_none_or(|d| Instant::now() < d),
+        };
+        if !more {
+            break;
+        }
         let c = cluster.as_mut().expect("cluster");
         if broken || c.wait_healthy(Duration::from_secs(60)).await.is_err() {
             say!("the cluster is not healthy after {label}: rebuilding it");
