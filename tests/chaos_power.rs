@@ -65,11 +65,25 @@ fn sync_dir(p: &Path) {
     File::open(p).and_then(|d| d.sync_all()).expect("fsync dir");
 }
 
+/// Unmounts (lazily) whatever is still mounted at the path when the test ends, passed or failed.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        while is_mounted(&self.0) {
+            if !Command::new("umount").arg("-l").arg(&self.0).status().is_ok_and(|s| s.success()) {
+                break;
+            }
+        }
+    }
+}
+
 #[test]
 fn powerfs_mount_forgets_what_was_not_synced() {
     require_root();
     let tmp = tempfile::tempdir().expect("tempdir");
     let (backing, mnt, log) = (tmp.path().join("backing"), tmp.path().join("mnt"), tmp.path().join("fs.log"));
+    let _cleanup = Unmount(mnt.clone());
     let fs = mount(&backing, &mnt, &log);
 
     // Durable: written, fsynced, its name synced in its directory.
