@@ -57,6 +57,7 @@ impl ApiError {
                 TwinError::TooManyModulesOnDevice { .. } => (StatusCode::BAD_REQUEST, "TooManyModulesOnDevice"),
                 TwinError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "PreconditionFailed"),
                 TwinError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
+                TwinError::CertificateNotFound(_) => (StatusCode::NOT_FOUND, "CertificateNotFound"),
             },
             ApiError::Shard(e) => match e {
                 ShardError::NotLeader { .. }

@@ -133,6 +133,8 @@ pub enum Op {
     /// A method job's outcome on one device, recorded on its claimed (`running`) row only: the device's
     /// status and payload (JSON text), or why the call failed.
     JobMethodResult { job_id: String, device_id: String, outcome: Result<(i64, String), String> },
+    /// A change of the hub's CA certificates: only ever proposed to the metadata group.
+    Certificate(super::certificates::CertOp),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -158,7 +160,7 @@ impl Command {
             | Op::ReplaceTwin { id, .. }
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. } => &id.device_id,
-            Op::Cluster(_) | Op::Job(_) => "",
+            Op::Cluster(_) | Op::Job(_) | Op::Certificate(_) => "",
             Op::JobUpdateTwin { device_id, .. }
             | Op::JobMethodClaim { device_id, .. }
             | Op::JobMethodResult { device_id, .. } => device_id,
@@ -184,6 +186,7 @@ impl fmt::Display for Command {
             Op::Bulk { .. } => "Bulk",
             Op::JobMethodClaim { .. } => "JobMethodClaim",
             Op::JobMethodResult { .. } => "JobMethodResult",
+            Op::Certificate(_) => "Certificate",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

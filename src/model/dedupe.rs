@@ -34,6 +34,8 @@ pub enum Remembered {
     /// A method job's claim of a device: a retried claim must answer `claimed` again, or the device
     /// would never be called.
     Claim { claimed: bool, running: bool },
+    /// A `/certificates` command: answered with the record as it is now.
+    Certificate(String),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

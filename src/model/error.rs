@@ -21,4 +21,6 @@ pub enum TwinError {
     /// Bad input: the message names the offending path and the limit.
     #[error("{0}")]
     InvalidArgument(String),
+    #[error("Certificate {0} not found")]
+    CertificateNotFound(String),
 }

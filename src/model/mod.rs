@@ -13,6 +13,7 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
+pub mod certificates;
 pub mod method;
 mod registry;
 pub mod time;
@@ -58,6 +59,8 @@ pub enum Reply {
     /// A method job's claim of a device: `claimed` when this command created the row (call the
     /// method); otherwise whether the existing row is still `running` (claimed earlier, no answer).
     Claim { claimed: bool, running: bool },
+    /// A CA certificate record after a `/certificates` command (`None`: deleted).
+    Certificate(Option<Value>),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
@@ -124,6 +127,9 @@ pub struct ShardState {
     /// Per-device job outcomes of this shard's devices (`devices.jobs`).
     #[serde(default)]
     device_jobs: jobs::DeviceJobs,
+    /// The hub's CA certificates; only the metadata group's state uses it.
+    #[serde(default)]
+    pub certificates: certificates::Certificates,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -167,6 +173,11 @@ impl ShardState {
                 _ => Remembered::Done,
             },
             Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
+            Ok(Reply::Certificate(None)) => Remembered::Done,
+            Ok(Reply::Certificate(Some(_))) => match &cmd.op {
+                Op::Certificate(op) => Remembered::Certificate(op.name().to_string()),
+                _ => Remembered::Done,
+            },
             Ok(Reply::Claim { claimed, running }) => Remembered::Claim { claimed: *claimed, running: *running },
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
@@ -187,6 +198,7 @@ impl ShardState {
             Remembered::Err(e) => Err(e.clone()),
             Remembered::Done => Ok(Reply::Done),
             Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
+            Remembered::Certificate(name) => Ok(Reply::Certificate(self.certificates.render(name, true))),
             Remembered::Claim { claimed, running } => Ok(Reply::Claim { claimed: *claimed, running: *running }),
             Remembered::Reported(v) => Ok(Reply::Reported { version: *v }),
             Remembered::Device(d) => {
