@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # twinhub's test command (README "Test it"; CI runs exactly this through .ci/run).
 #
-#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest) and
+#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest, cryptography for test certificates) and
 #      azure-iot-device 2.14.0 exist (a missing package is pip-installed into an existing venv),
 #   2. cargo build            (the debug `twinhub` binary the tests start),
 #   3. cargo test             (unit tests + integration tests against the real binary),
@@ -15,9 +15,9 @@ step() { printf '\n==> [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { printf 'test.sh: %s\n' "$*" >&2; exit 1; }
 
 VENV=.venv
-PY_PKGS=(azure-iot-hub==2.7.0 six pytest azure-iot-device==2.14.0)
+PY_PKGS=(azure-iot-hub==2.7.0 six pytest azure-iot-device==2.14.0 cryptography)
 # What each package must import as (same order as PY_PKGS), and the exact versions the suites are written for.
-PY_IMPORTS=(azure.iot.hub six pytest azure.iot.device)
+PY_IMPORTS=(azure.iot.hub six pytest azure.iot.device cryptography)
 PY_PINNED=(azure-iot-hub==2.7.0 azure-iot-device==2.14.0)
 
 is_py311() { "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' >/dev/null 2>&1; }

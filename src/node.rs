@@ -91,6 +91,7 @@ impl Node {
         let policies = Arc::new(Policies::load_or_create(&dir, config.owner_key.as_deref())?);
         let source = CertSource::from_options(config.tls_cert.clone(), config.tls_key.clone(), &dir, &config.hostname)?;
         let tls = crate::tls::server_config(&source)?;
+        let mqtt_tls = crate::tls::mqtt_server_config(&source)?;
         // Bind before the (slower) shard recovery so a taken port fails fast.
         let (listener, http_addr) = bind(config.http_listen).await?;
         let (mqtt_listener, mqtt_addr) = bind(config.mqtt_listen).await?;
@@ -156,7 +157,7 @@ impl Node {
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(listener, tls, app, gates.https.clone(), gates.limits.clone(), stop.clone().cancelled_owned()));
-        let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(plain_tls.clone()), stop.clone()))];
+        let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(mqtt_tls), stop.clone()))];
         if let Some((l, _)) = mqtt_plain {
             tasks.push(tokio::spawn(mqtt.serve(l, None, stop.clone())));
         }

@@ -504,3 +504,61 @@ async fn idle_connections_to_the_mqtt_port_do_not_stop_devices_or_https() {
     eprintln!("MQTT flood: HTTPS request in {:?}", started.elapsed());
     drop(held);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// X.509: a certificate login is judged at CONNECT against the identity's registration
+
+/// The CONNACK return code for an MQTT 3.1.1 CONNECT with no password over TLS on the MQTT port,
+/// presenting `cert` (a self-signed certificate with its key) as the client certificate.
+async fn x509_connack(srv: &Server, client_id: &str, cert: &rcgen::CertifiedKey<rcgen::KeyPair>) -> u8 {
+    use rumqttc::tokio_rustls::rustls;
+    let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).expect("key DER");
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(ca_roots(&srv.ca_pem))
+        .with_client_auth_cert(vec![cert.cert.der().clone()], key)
+        .expect("client certificate");
+    let tcp = TcpStream::connect(("127.0.0.1", srv.mqtt_port)).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut s = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.expect("TLS handshake");
+    let user = format!("localhost/{client_id}/?{API}");
+    let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x80, 0, 60];
+    for f in [client_id, user.as_str()] {
+        var.extend_from_slice(&(f.len() as u16).to_be_bytes());
+        var.extend_from_slice(f.as_bytes());
+    }
+    assert!(var.len() < 128, "one-byte remaining length");
+    let mut pkt = vec![0x10, var.len() as u8];
+    pkt.extend_from_slice(&var);
+    s.write_all(&pkt).await.expect("CONNECT");
+    let mut ack = [0u8; 4];
+    tokio::time::timeout(WAIT, s.read_exact(&mut ack)).await.expect("CONNACK in time").expect("CONNACK");
+    assert_eq!(ack[..3], [0x20, 2, 0], "a CONNACK");
+    ack[3]
+}
+
+fn sha1_hex(der: &[u8]) -> String {
+    use sha1::Digest;
+    sha1::Sha1::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_logins_need_a_matching_x509_registration() {
+    let srv = Server::start_default();
+    let api = srv.owner();
+    let good = rcgen::generate_simple_self_signed(vec!["x5dev".to_string()]).expect("cert");
+    let other = rcgen::generate_simple_self_signed(vec!["x5dev".to_string()]).expect("cert");
+    let body = json!({"deviceId": "x5dev", "authentication": {"type": "selfSigned",
+        "x509Thumbprint": {"primaryThumbprint": sha1_hex(good.cert.der()), "secondaryThumbprint": null}}});
+    api.must_ok("PUT", "/devices/x5dev", Some(&body), &[]).await;
+    new_device(&api, "x5sas").await;
+    assert_eq!(x509_connack(&srv, "x5dev", &good).await, 0, "the registered thumbprint (lower-case hex)");
+    assert_eq!(x509_connack(&srv, "x5dev", &other).await, 5, "another certificate");
+    assert_eq!(x509_connack(&srv, "x5sas", &good).await, 5, "a certificate login for a SAS device");
+    assert_eq!(x509_connack(&srv, "x5nobody", &good).await, 4, "an unknown identity");
+    // A certificateAuthority device while the hub has no verified CA.
+    let body = json!({"deviceId": "x5ca", "authentication": {"type": "certificateAuthority"}});
+    api.must_ok("PUT", "/devices/x5ca", Some(&body), &[]).await;
+    assert_eq!(x509_connack(&srv, "x5ca", &good).await, 5, "no verified CA");
+}

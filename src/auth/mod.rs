@@ -3,6 +3,7 @@
 pub mod client;
 mod policy;
 mod sas;
+pub mod x509;
 
 pub use policy::{generate_key, write_atomically, Permission, Policies, PolicyFileError, Policy, OWNER};
 pub use sas::{sign, verify_device_token, verify_signature, SasToken};

@@ -59,6 +59,7 @@ impl ApiError {
                 TwinError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
                 TwinError::ConfigurationNotFound(_) => (StatusCode::NOT_FOUND, "ConfigurationNotFound"),
                 TwinError::ConfigurationAlreadyExists(_) => (StatusCode::CONFLICT, "ConfigurationAlreadyExists"),
+                TwinError::CertificateNotFound(_) => (StatusCode::NOT_FOUND, "CertificateNotFound"),
             },
             ApiError::Shard(e) => match e {
                 ShardError::NotLeader { .. }

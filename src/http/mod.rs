@@ -8,6 +8,7 @@ mod backup;
 mod body;
 mod configurations;
 mod bulk;
+mod certificates;
 mod changes;
 pub mod error;
 mod jobs;
@@ -197,6 +198,10 @@ pub fn router(state: Shared) -> Router {
         // The Node SDK's Registry.list asks for `/devices/`.
         .route("/devices/", get(registry::list_devices))
         .route("/devices/query", axum::routing::post(query::query_devices))
+        .route("/certificates", get(certificates::list))
+        .route("/certificates/{name}", get(certificates::get).put(certificates::put).delete(certificates::delete))
+        .route("/certificates/{name}/generateVerificationCode", axum::routing::post(certificates::generate_code))
+        .route("/certificates/{name}/verify", axum::routing::post(certificates::verify))
         .route("/jobs/v2/query", get(jobs::query))
         .route("/jobs/v2/{id}", get(jobs::get).put(jobs::create))
         .route("/jobs/v2/{id}/cancel", axum::routing::post(jobs::cancel))

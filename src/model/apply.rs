@@ -74,6 +74,7 @@ impl ShardState {
             Op::UpdateReported { id, patch_json } => self.update_reported(id, patch_json, at, events),
             Op::SetConnectionState { id, connected } => self.set_connection(id, *connected, at, events),
             Op::Job(op) => self.jobs.apply(op).map(Reply::Job),
+            Op::Certificate(op) => self.certificates.apply(op, cmd.timestamp_ms).map(Reply::Certificate),
             Op::JobUpdateTwin { job_id, job_type, created_ms, start_ms, device_id, patch_json } => {
                 if self.device_jobs.get(job_id).is_some_and(|rows| rows.contains_key(device_id)) {
                     return Ok(Reply::Done);

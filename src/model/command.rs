@@ -149,6 +149,8 @@ pub enum Op {
     /// A restore's metadata records (`model::backup::MetaBackup` as JSON text): only ever proposed to
     /// the metadata group.
     RestoreMeta { meta_json: String },
+    /// A change of the hub's CA certificates: only ever proposed to the metadata group.
+    Certificate(super::certificates::CertOp),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -175,7 +177,7 @@ impl Command {
             | Op::UpdateReported { id, .. }
             | Op::SetConnectionState { id, .. }
             | Op::SetSubscriptions { id, .. } => &id.device_id,
-            Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) | Op::RestoreMeta { .. } => "",
+            Op::Cluster(_) | Op::Job(_) | Op::Configuration(_) | Op::RestoreMeta { .. } | Op::Certificate(_) => "",
             Op::RestoreDevices { route, .. } => route,
             Op::ApplyConfiguration { device_id, .. } => device_id,
             Op::JobUpdateTwin { device_id, .. }
@@ -209,6 +211,7 @@ impl fmt::Display for Command {
             Op::SetSubscriptions { .. } => "SetSubscriptions",
             Op::RestoreDevices { .. } => "RestoreDevices",
             Op::RestoreMeta { .. } => "RestoreMeta",
+            Op::Certificate(_) => "Certificate",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -36,6 +36,8 @@ pub enum Remembered {
     Claim { claimed: bool, running: bool },
     /// A configuration command: answered with the record as it is now.
     Configuration(String),
+    /// A `/certificates` command: answered with the record as it is now.
+    Certificate(String),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

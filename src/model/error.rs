@@ -25,4 +25,6 @@ pub enum TwinError {
     ConfigurationNotFound(String),
     #[error("A configuration with ID '{0}' already exists")]
     ConfigurationAlreadyExists(String),
+    #[error("Certificate {0} not found")]
+    CertificateNotFound(String),
 }

@@ -15,6 +15,7 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
+pub mod certificates;
 pub mod method;
 mod registry;
 pub mod time;
@@ -63,6 +64,8 @@ pub enum Reply {
     Claim { claimed: bool, running: bool },
     /// A configuration record after a configuration command (`Null` after a delete).
     Configuration(Value),
+    /// A CA certificate record after a `/certificates` command (`None`: deleted).
+    Certificate(Option<Value>),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
@@ -135,6 +138,9 @@ pub struct ShardState {
     /// Automatic device configurations; only the metadata group's state uses it.
     #[serde(default)]
     pub configs: config::ConfigsState,
+    /// The hub's CA certificates; only the metadata group's state uses it.
+    #[serde(default)]
+    pub certificates: certificates::Certificates,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -178,6 +184,11 @@ impl ShardState {
                 _ => Remembered::Done,
             },
             Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
+            Ok(Reply::Certificate(None)) => Remembered::Done,
+            Ok(Reply::Certificate(Some(_))) => match &cmd.op {
+                Op::Certificate(op) => Remembered::Certificate(op.name().to_string()),
+                _ => Remembered::Done,
+            },
             Ok(Reply::Claim { claimed, running }) => Remembered::Claim { claimed: *claimed, running: *running },
             Ok(Reply::Configuration(_)) => match &cmd.op {
                 Op::Configuration(op) => Remembered::Configuration(op.id().to_string()),
@@ -202,6 +213,7 @@ impl ShardState {
             Remembered::Err(e) => Err(e.clone()),
             Remembered::Done => Ok(Reply::Done),
             Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
+            Remembered::Certificate(name) => Ok(Reply::Certificate(self.certificates.render(name, true))),
             Remembered::Claim { claimed, running } => Ok(Reply::Claim { claimed: *claimed, running: *running }),
             Remembered::Configuration(id) => {
                 Ok(Reply::Configuration(self.configs.configs.get(id).map_or(Value::Null, |c| c.render())))

@@ -2,13 +2,15 @@
 //! password is a SAS token signed with that identity's key. Identities registered for X.509
 //! (`selfSigned`, `certificateAuthority`) never log in with a SAS token, even when keys were stored for
 //! them: their owner chose certificates, and a leaked or guessed key must not open a way around that.
+//! Conversely a CONNECT without a password but with a TLS client certificate is an X.509 login, which
+//! only X.509 identities accept (`auth::x509` decides whether the certificate stands for the identity).
 
 use percent_encoding::percent_decode_str;
 use serde_json::Value;
 
 use super::error::Refusal;
 use super::Mqtt;
-use crate::auth::{verify_device_token, AuthError, SasToken};
+use crate::auth::{verify_device_token, x509, AuthError, SasToken};
 use crate::ids::TwinId;
 use crate::model::{now_ms, validate_id};
 use crate::shard::ShardError;
@@ -75,6 +77,8 @@ pub struct Credentials<'a> {
     pub client_id: &'a str,
     pub username: Option<&'a str>,
     pub password: Option<&'a str>,
+    /// The TLS client certificate chain, leaf first; empty when none was sent (or over WebSockets).
+    pub certs: &'a [rustls::pki_types::CertificateDer<'static>],
 }
 
 impl Mqtt {
@@ -100,7 +104,12 @@ impl Mqtt {
             );
         }
         let password = c.password.filter(|p| !p.is_empty());
-        let token = password.ok_or_else(|| Refusal::BadCredentials("no password (SAS token)".into()))?;
+        let Some(token) = password else {
+            if c.certs.is_empty() {
+                return Err(Refusal::BadCredentials("no password (SAS token) and no client certificate".into()));
+            }
+            return self.authenticate_x509(id, c.certs).await;
+        };
         let token = SasToken::parse(token).map_err(|e| Refusal::BadCredentials(e.to_string()))?;
         let (creds, auth_type) =
             tokio::try_join!(self.twins.credentials(&id), self.auth_type(&id)).map_err(Refusal::Unavailable)?;
@@ -122,13 +131,51 @@ impl Mqtt {
         Ok(id)
     }
 
-    /// The identity's `authentication.type` as its registry document states it (`None`: no such identity).
-    async fn auth_type(&self, id: &TwinId) -> Result<Option<String>, ShardError> {
-        let doc = match &id.module_id {
+    /// A CONNECT with a client certificate and no password: the identity must be registered for X.509
+    /// and the certificate must stand for it (see `auth::x509`), checked now, so an expired certificate
+    /// or a CA no longer verified stops working on the next connect.
+    async fn authenticate_x509(&self, id: TwinId, certs: &[rustls::pki_types::CertificateDer<'static>]) -> Result<TwinId, Refusal> {
+        let (creds, doc) =
+            tokio::try_join!(self.twins.credentials(&id), self.identity_doc(&id)).map_err(Refusal::Unavailable)?;
+        let not_registered = || Refusal::BadCredentials(format!("{id} is not registered"));
+        let (creds, doc) = (creds.ok_or_else(not_registered)?, doc.ok_or_else(not_registered)?);
+        let auth_type = auth_type_of(&doc);
+        if accepts_sas(&auth_type) {
+            return Err(Refusal::NotAuthorized(format!("{id} authenticates with SAS tokens, not with a client certificate")));
+        }
+        if !creds.enabled {
+            return Err(Refusal::NotAuthorized(format!("{id} is disabled")));
+        }
+        let leaf = certs.first().map(|c| c.as_ref()).unwrap_or_default();
+        let now = now_ms() / 1000;
+        let refused = |e: x509::X509Error| Refusal::NotAuthorized(format!("{id}: {e}"));
+        match auth_type.as_str() {
+            "selfSigned" => {
+                let thumb = |which: &str| doc.pointer(&format!("/authentication/x509Thumbprint/{which}")).and_then(Value::as_str);
+                x509::matches_thumbprint(leaf, &[thumb("primaryThumbprint"), thumb("secondaryThumbprint")]).map_err(refused)?;
+                x509::check_validity(leaf, now).map_err(refused)?;
+            }
+            "certificateAuthority" => {
+                x509::check_common_name(leaf, &x509::expected_common_name(&id)).map_err(refused)?;
+                let anchors = self.twins.shards.read_meta(|s| s.certificates.verified_anchors()).await.map_err(Refusal::Unavailable)?;
+                x509::verify_chain(certs, &anchors, now).map_err(refused)?;
+            }
+            other => return Err(Refusal::NotAuthorized(format!("{id} has authentication type '{other}', which no certificate satisfies"))),
+        }
+        Ok(id)
+    }
+
+    /// The identity's registry document (`None`: no such identity).
+    async fn identity_doc(&self, id: &TwinId) -> Result<Option<Value>, ShardError> {
+        Ok(match &id.module_id {
             None => self.twins.device(&id.device_id).await?,
             Some(m) => self.twins.doc(&id.device_id, ReadOp::Module(id.device_id.clone(), m.clone())).await?.ok(),
-        };
-        Ok(doc.as_ref().map(auth_type_of))
+        })
+    }
+
+    /// The identity's `authentication.type` as its registry document states it (`None`: no such identity).
+    async fn auth_type(&self, id: &TwinId) -> Result<Option<String>, ShardError> {
+        Ok(self.identity_doc(id).await?.as_ref().map(auth_type_of))
     }
 
     /// The host to check a token's resource against. The configured host name has no port, but a

@@ -45,7 +45,15 @@ use crate::notify::{DesiredPush, DesiredPushes};
 
 /// Entry point for an accepted transport (TLS already done). `permit` is the connection's slot in the
 /// listener's budget: unauthenticated until CONNECT is accepted, held until the connection ends.
-pub async fn run<S>(mqtt: Arc<Mqtt>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
+/// `certs` is the TLS client certificate chain, leaf first (empty when the client sent none).
+pub async fn run<S>(
+    mqtt: Arc<Mqtt>,
+    stream: S,
+    peer: SocketAddr,
+    permit: ConnPermit,
+    certs: Vec<rustls::pki_types::CertificateDer<'static>>,
+    stop: CancellationToken,
+)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -84,6 +92,7 @@ where
         client_id: &client_id,
         username: login.as_ref().map(|l| l.username.as_str()),
         password: login.as_ref().map(|l| l.password.as_str()),
+        certs: &certs,
     };
     let id = tokio::select! {
         _ = stop.cancelled() => return,

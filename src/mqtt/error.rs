@@ -31,6 +31,8 @@ impl RequestError {
         match self {
             RequestError::Twin(e) => match e {
                 TwinError::DeviceNotFound(_) => (404, 404_001),
+                // Devices never touch CA records; kept apart so the code says so.
+                TwinError::CertificateNotFound(_) => (404, 404_000),
                 TwinError::ModuleNotFound { .. } => (404, 404_010),
                 TwinError::DeviceAlreadyExists(_) => (409, 409_001),
                 TwinError::ModuleAlreadyExists { .. } => (409, 409_301),

@@ -169,7 +169,7 @@ impl Mqtt {
         stop: CancellationToken,
     ) {
         let Some(acceptor) = tls else {
-            return self.connection(tcp, peer, permit, stop).await;
+            return connection::run(self, tcp, peer, permit, Vec::new(), stop).await;
         };
         let handshake = tokio::time::timeout(self.limits.tls_handshake, acceptor.accept(tcp));
         let stream = tokio::select! {
@@ -188,16 +188,19 @@ impl Mqtt {
                 }
             },
         };
-        self.connection(stream, peer, permit, stop).await
+        // The certificate chain an X.509 device sent (none for SAS devices), judged at CONNECT.
+        let certs = stream.get_ref().1.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
+        connection::run(self, stream, peer, permit, certs, stop).await
     }
 
     /// Serves one device connection over an already-secured byte stream: TLS on the MQTT port, or the
-    /// payload of a WebSocket on the HTTPS port. `permit` comes from this endpoint's [`ConnGate`].
+    /// payload of a WebSocket on the HTTPS port. `permit` comes from this endpoint's [`ConnGate`]. Such a
+    /// stream carries no client certificate: over WebSockets only SAS identities log in.
     pub async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        connection::run(self, stream, peer, permit, stop).await
+        connection::run(self, stream, peer, permit, Vec::new(), stop).await
     }
 }
 

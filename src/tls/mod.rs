@@ -1,6 +1,7 @@
 //! TLS for the front doors: a rustls server configuration from configured PEM files or from a
 //! generated development CA (so the SDKs can be pointed at `DIR/tls/ca.pem`).
 
+mod client_auth;
 mod dev_ca;
 
 use std::path::{Path, PathBuf};
@@ -49,8 +50,23 @@ impl CertSource {
     }
 }
 
-/// TLS 1.2 and 1.3 (the Python device SDK pins 1.2); ALPN h2 and http/1.1.
+/// TLS 1.2 and 1.3 (the Python device SDK pins 1.2); ALPN h2 and http/1.1. No client certificates.
 pub fn server_config(source: &CertSource) -> Result<Arc<ServerConfig>, TlsError> {
+    build(source, false)
+}
+
+/// The device MQTT port's configuration: as [`server_config`] without ALPN (MQTT clients offer none or
+/// `mqtt`, and a server list that does not overlap would make rustls refuse the handshake), asking for
+/// an optional client certificate (X.509 devices; see `client_auth`).
+pub fn mqtt_server_config(source: &CertSource) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut c = build(source, true)?;
+    if let Some(c) = Arc::get_mut(&mut c) {
+        c.alpn_protocols.clear();
+    }
+    Ok(c)
+}
+
+fn build(source: &CertSource, client_certs: bool) -> Result<Arc<ServerConfig>, TlsError> {
     let (cert, key) = match source {
         CertSource::Files { cert, key } => (cert.clone(), key.clone()),
         CertSource::Dev { dir, hostname } => {
@@ -61,10 +77,14 @@ pub fn server_config(source: &CertSource) -> Result<Arc<ServerConfig>, TlsError>
     let certs = load_certs(&cert)?;
     let key = load_key(&key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = if client_certs {
+        builder.with_client_cert_verifier(client_auth::OptionalClientCert::new(provider))
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
