@@ -269,8 +269,8 @@ impl Connection {
             false => false,
         };
         if !persistent {
-            let (mqtt, id) = (mqtt.clone(), id.clone());
-            tokio::spawn(async move { discard_stored_session(&mqtt, &id).await }.in_current_span());
+            // Before CONNACK, so that a persistent connect right after this one cannot find them.
+            discard_stored_session(&mqtt, &id).await;
         }
         let properties = v5.then(|| ConnAckProperties {
             session_expiry_interval: expiry_capped.then(|| MAX_SESSION_EXPIRY.as_secs() as u32),
@@ -763,7 +763,8 @@ async fn restore_stored_session(mqtt: &Mqtt, id: &TwinId, session: &Arc<Mutex<Se
     Some(!stored.is_empty())
 }
 
-/// A clean session discards what a persistent one stored (read first: most clean devices have none).
+/// A clean session discards what a persistent one stored (read first: most clean devices have none,
+/// and a read costs less than a write).
 async fn discard_stored_session(mqtt: &Mqtt, id: &TwinId) {
     if let Ok(Some(c)) = mqtt.twins.credentials(id).await {
         if !c.subscriptions.is_empty() {
