@@ -197,6 +197,11 @@ impl Node {
         )
     }
 
+    /// The web console on this node's HTTPS port.
+    pub fn console_url(&self) -> String {
+        format!("https://{}:{}{}", self.hostname, self.http_addr.port(), crate::http::console::CONSOLE_PATH)
+    }
+
     /// Stop accepting, drain open requests, stop the twin actors, then the Raft groups and storage.
     pub async fn shutdown(self) {
         self.stop.cancel();
@@ -276,6 +281,9 @@ pub async fn run(config: Config) -> Result<(), NodeError> {
         let _ = writeln!(out, "{}", node.connection_string());
         let _ = out.flush();
     }
+    // stdout carries only the connection string (scripts read its first line); the console's address
+    // is for the person at the terminal.
+    eprintln!("twinhub: web console at {}; sign in with the connection string above", node.console_url());
     let failed = tokio::select! {
         _ = wait_for_signal() => None,
         why = storage_failed(&node) => Some(why),

@@ -20,36 +20,24 @@
 //! a restore again completes it without applying anything twice.
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::https::{self, HttpsError};
+use super::remote::{Remote, RemoteError};
+pub use super::remote::Target;
 
 const MAGIC: &str = "TWINHUB-BACKUP 1";
 const VERSION: u64 = 1;
 const TIMEOUT: Duration = Duration::from_secs(120);
 /// A restore request larger than this is split (a Raft entry stays well below the append limit).
 const MAX_RESTORE_BYTES: usize = 4 << 20;
-
-#[derive(Args, Debug)]
-pub struct Target {
-    /// A local cluster's directory (`twinhub cluster up --dir`): its first node, CA and owner key
-    #[arg(long, conflicts_with_all = ["connection_string", "ca_file"])]
-    pub dir: Option<PathBuf>,
-    /// The iothubowner connection string of any node (`HostName=host:port;SharedAccessKeyName=…;SharedAccessKey=…`)
-    #[arg(long, env = "TWINHUB_CONNECTION_STRING", requires = "ca_file")]
-    pub connection_string: Option<String>,
-    /// The CA certificate the node's HTTPS certificate chains to (PEM)
-    #[arg(long, env = "TWINHUB_CA_FILE")]
-    pub ca_file: Option<PathBuf>,
-}
 
 #[derive(Args, Debug)]
 pub struct BackupArgs {
@@ -83,7 +71,7 @@ pub enum BackupError {
     #[error("{0}")]
     Usage(String),
     #[error(transparent)]
-    Https(#[from] HttpsError),
+    Remote(#[from] RemoteError),
     #[error("{path}: {msg}")]
     File { path: String, msg: String },
     #[error("not a twinhub backup, or damaged: {0}")]
@@ -93,55 +81,21 @@ pub enum BackupError {
 }
 
 /// Where and how to reach a node.
-struct Node {
-    addr: SocketAddr,
-    host: String,
-    tls: Arc<rustls::ClientConfig>,
-    key: String,
-    policy: String,
-}
+struct Node(Remote);
 
 impl Node {
     fn resolve(t: &Target) -> Result<Node, BackupError> {
-        let (host_port, policy, key, ca) = match (&t.dir, &t.connection_string) {
-            (Some(dir), _) => {
-                let file = super::cluster::read_cluster_file(dir).map_err(|e| BackupError::Usage(e.to_string()))?;
-                let n = file.nodes.first().ok_or_else(|| BackupError::Usage(format!("{}: no nodes", dir.display())))?;
-                (format!("{}:{}", file.hostname, n.http.port()), "iothubowner".to_string(), file.owner_key.clone(), file.ca.clone())
-            }
-            (None, Some(cs)) => {
-                let parts: std::collections::HashMap<&str, &str> =
-                    cs.split(';').filter_map(|p| p.split_once('=')).collect();
-                let get = |k: &str| {
-                    parts.get(k).map(|v| v.to_string()).ok_or_else(|| BackupError::Usage(format!("the connection string has no {k}")))
-                };
-                let ca = t.ca_file.clone().ok_or_else(|| BackupError::Usage("--ca-file is required with --connection-string".into()))?;
-                (get("HostName")?, get("SharedAccessKeyName")?, get("SharedAccessKey")?, ca)
-            }
-            (None, None) => return Err(BackupError::Usage("give --dir or --connection-string (and --ca-file)".into())),
-        };
-        let addr = host_port
-            .to_socket_addrs()
-            .map_err(|e| BackupError::Usage(format!("{host_port}: {e}")))?
-            .next()
-            .ok_or_else(|| BackupError::Usage(format!("{host_port} resolves to no address")))?;
-        let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h).to_string();
-        Ok(Node { addr, host, tls: https::client_config(&ca)?, key, policy })
-    }
-
-    fn token(&self) -> Result<String, BackupError> {
-        let expiry = crate::model::now_ms() as u64 / 1000 + 3600;
-        crate::auth::client::service_token(&format!("{}:{}", self.host, self.addr.port()), &self.policy, &self.key, expiry)
-            .map_err(|e| BackupError::Usage(format!("the connection string's key: {e}")))
+        Ok(Node(Remote::resolve(t)?))
     }
 
     async fn call(&self, method: hyper::Method, path: &str, body: Vec<u8>, what: &str) -> Result<Value, BackupError> {
-        let token = self.token()?;
-        let (status, bytes) = https::request(self.tls.clone(), self.addr, &self.host, method, path, Some(&token), body, TIMEOUT).await?;
-        if status != 200 {
-            return Err(BackupError::Refused { what: what.to_string(), status, body: String::from_utf8_lossy(&bytes).into_owned() });
+        match self.0.call(method, path, &[], body, TIMEOUT).await {
+            Ok((_, v)) => Ok(v),
+            Err(RemoteError::Hub { status, code, message }) => {
+                Err(BackupError::Refused { what: what.to_string(), status, body: format!("{code}: {message}") })
+            }
+            Err(e) => Err(e.into()),
         }
-        serde_json::from_slice(&bytes).map_err(|e| BackupError::Invalid(format!("{what}: the answer is not JSON: {e}")))
     }
 }
 
@@ -199,7 +153,7 @@ async fn backup(args: BackupArgs) -> Result<(), BackupError> {
     let mut w = Writer { file, hash: Sha256::new(), records: 0 };
     w.line(MAGIC).map_err(file_err)?;
     let created = crate::model::time::format_ms(crate::model::now_ms());
-    w.record(&json!({"kind": "header", "version": VERSION, "createdUtc": created, "shardCount": shards, "source": node.addr.to_string()}))
+    w.record(&json!({"kind": "header", "version": VERSION, "createdUtc": created, "shardCount": shards, "source": node.0.addr.to_string()}))
         .map_err(file_err)?;
     let meta = node.call(hyper::Method::GET, "/cluster/backup/meta", Vec::new(), "the metadata backup").await?;
     w.record(&json!({"kind": "meta", "meta": meta})).map_err(file_err)?;

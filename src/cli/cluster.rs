@@ -52,8 +52,13 @@ pub struct RemoveArgs {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    #[arg(long)]
-    pub dir: PathBuf,
+    /// Which hub: a local cluster (`--dir`, every node is asked) or any node by connection string or
+    /// profile (that node, plus the nodes given with --node-address)
+    #[command(flatten)]
+    pub target: super::remote::Target,
+    /// HTTPS address (host:port) of another node to ask; repeat for each node
+    #[arg(long = "node-address")]
+    pub node_addresses: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -147,6 +152,8 @@ pub enum LauncherError {
     Policies(#[from] crate::auth::PolicyFileError),
     #[error(transparent)]
     Https(#[from] super::https::HttpsError),
+    #[error(transparent)]
+    Remote(#[from] super::remote::RemoteError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LauncherError {
@@ -609,7 +616,19 @@ fn url_encode(s: &str) -> String {
 }
 
 fn status(a: &StatusArgs) -> Result<(), LauncherError> {
-    let file = read_cluster_file(&a.dir)?;
+    let (nodes, all, shard_count) = match &a.target.dir {
+        Some(dir) => local_views(dir)?,
+        None => remote_views(a)?,
+    };
+    print_status(nodes, &all, shard_count, a.json);
+    Ok(())
+}
+
+type Views = Vec<(u64, Option<serde_json::Value>)>;
+
+/// Every node of a local cluster, from its cluster file.
+fn local_views(dir: &Path) -> Result<(Vec<serde_json::Value>, Views, u32), LauncherError> {
+    let file = read_cluster_file(dir)?;
     let all = views(&file)?;
     let mut nodes = Vec::new();
     for (n, (_, view)) in file.nodes.iter().zip(&all) {
@@ -619,6 +638,50 @@ fn status(a: &StatusArgs) -> Result<(), LauncherError> {
         }
         nodes.push(serde_json::json!({"id": n.id, "pid": n.pid, "alive": pid_alive(n.pid), "reachable": view.is_some(), "ready": ready, "http": n.http, "mqtt": n.mqtt}));
     }
+    Ok((nodes, all, file.shard_count))
+}
+
+/// The node of the connection string and every `--node-address`, with the same credential.
+fn remote_views(a: &StatusArgs) -> Result<(Vec<serde_json::Value>, Views, u32), LauncherError> {
+    use std::net::ToSocketAddrs;
+    let first = super::remote::Remote::resolve(&a.target)?;
+    let mut targets = vec![(first.hub.clone(), first.addr)];
+    for n in &a.node_addresses {
+        let addr = n
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut i| i.next())
+            .ok_or_else(|| LauncherError::Usage(format!("--node-address {n}: not a reachable host:port")))?;
+        targets.push((n.clone(), addr));
+    }
+    let rt = runtime()?;
+    let mut nodes = Vec::new();
+    let mut all = Vec::new();
+    for (shown, addr) in targets {
+        let node = first.at(addr);
+        let r = rt.block_on(node.call(hyper::Method::GET, "/cluster/status", &[], Vec::new(), Duration::from_secs(5)));
+        let view = match r {
+            Ok((_, v)) => Some(v),
+            Err(e) => {
+                eprintln!("{shown}: {e}");
+                None
+            }
+        };
+        let id = view.as_ref().and_then(|v| v["node_id"].as_u64()).unwrap_or(0);
+        let ready = view.as_ref().is_some_and(|v| v["ready"].as_bool().unwrap_or(false));
+        nodes.push(serde_json::json!({"id": id, "pid": null, "alive": null, "reachable": view.is_some(), "ready": ready, "http": shown, "mqtt": null}));
+        all.push((id, view));
+    }
+    let shard_count = all
+        .iter()
+        .filter_map(|(_, v)| v.as_ref())
+        .map(|v| v["map"]["shard_count"].as_u64().unwrap_or(0).max(v["shards"].as_array().map_or(0, |s| s.len() as u64)))
+        .max()
+        .unwrap_or(0) as u32;
+    Ok((nodes, all, shard_count))
+}
+
+fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, json: bool) {
     let map = all.iter().filter_map(|(_, v)| v.as_ref()).map(|v| v["map"].clone()).next().unwrap_or_default();
     let meta = all
         .iter()
@@ -629,8 +692,8 @@ fn status(a: &StatusArgs) -> Result<(), LauncherError> {
     // A shard's truth comes from the replica that leads it (its lag map is only known there); any
     // replica's view stands in when no leader answered.
     let mut shards = Vec::new();
-    for s in 0..file.shard_count {
-        let leader_view = leader_view(&all, s);
+    for s in 0..shard_count {
+        let leader_view = leader_view(all, s);
         let any = all
             .iter()
             .filter_map(|(_, v)| v.as_ref())
@@ -655,9 +718,9 @@ fn status(a: &StatusArgs) -> Result<(), LauncherError> {
     let report = serde_json::json!({"nodes": nodes, "members": members, "meta": meta_summary, "shards": shards});
     // Written with writeln! and errors ignored: piping into `head` must not panic.
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if json {
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&report).unwrap_or_default());
-        return Ok(());
+        return;
     }
     let t = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
@@ -683,5 +746,4 @@ fn status(a: &StatusArgs) -> Result<(), LauncherError> {
             t(&s["lag"])
         );
     }
-    Ok(())
 }

@@ -1,11 +1,14 @@
-//! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`, `twinhub bench …`.
+//! Command line: `twinhub serve`, `twinhub cluster …`, `twinhub chaos`, `twinhub bench …`, backups, and
+//! the admin commands (`device`, `twin`, `query`, `job`, `watch`) against a running hub.
 
+pub mod admin;
 pub mod backup;
 pub mod bench;
 pub mod chaos;
 pub mod cluster;
 pub mod config;
 mod https;
+pub mod remote;
 
 use std::process::ExitCode;
 
@@ -36,6 +39,19 @@ enum Command {
     Backup(backup::BackupArgs),
     /// Seed a new (empty) cluster from a backup, after checking the whole file.
     Restore(backup::RestoreArgs),
+    /// Devices and modules of a running hub: create, show, list, delete, connection strings.
+    #[command(subcommand)]
+    Device(admin::device::DeviceCommand),
+    /// Twins of a running hub: show, update (merge patch), replace; `--etag` for optimistic concurrency.
+    #[command(subcommand)]
+    Twin(admin::twin::TwinCommand),
+    /// Run an IoT Hub query ("SELECT … FROM devices …") and follow its pages.
+    Query(admin::query::QueryArgs),
+    /// Jobs of a running hub: list, show, cancel, schedule twin updates and method calls.
+    #[command(subcommand)]
+    Job(admin::job::JobCommand),
+    /// Follow the change feed (twin changes, lifecycle, connection state) as JSON lines; resumable.
+    Watch(admin::watch::WatchArgs),
     /// The chaos suite's power-loss file system (started by `twinhub chaos`; see chaos/README.md).
     #[command(hide = true)]
     ChaosFs(crate::chaos::powerfs::ChaosFsArgs),
@@ -67,6 +83,11 @@ pub fn main() -> ExitCode {
             backup::backup_main(a)
         }
         Command::Restore(a) => backup::restore_main(a),
+        Command::Device(c) => admin::run(|| admin::device::main(c)),
+        Command::Twin(c) => admin::run(|| admin::twin::main(c)),
+        Command::Query(a) => admin::run(|| admin::query::main(a)),
+        Command::Job(c) => admin::run(|| admin::job::main(c)),
+        Command::Watch(a) => admin::run(|| admin::watch::main(a)),
         Command::ChaosFs(a) => crate::chaos::powerfs::main(a),
     }
 }

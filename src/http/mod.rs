@@ -7,6 +7,7 @@
 mod backup;
 mod body;
 mod configurations;
+pub mod console;
 mod bulk;
 mod certificates;
 mod changes;
@@ -172,7 +173,7 @@ async fn auth_first(
 ) -> Response {
     let conn = req.extensions().get::<Arc<serve::ConnState>>().cloned();
     let _in_flight = conn.as_ref().map(|c| c.request());
-    if OPEN_PATHS.contains(&req.uri().path()) {
+    if OPEN_PATHS.contains(&req.uri().path()) || console::is_console_path(req.uri().path()) {
         return next.run(req).await;
     }
     let header = req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
@@ -251,6 +252,8 @@ pub fn router(state: Shared) -> Router {
         .route("/twins/{id}/methods", axum::routing::post(methods::invoke_device))
         .route("/twins/{id}/modules/{mid}/methods", axum::routing::post(methods::invoke_module))
         .route(WEBSOCKET_PATH, get(websocket::upgrade))
+        .route(console::CONSOLE_PATH, get(console::serve))
+        .route("/console/{*asset}", get(console::serve))
         .fallback(|uri: axum::http::Uri| async move { ApiError::NoRoute(uri.path().to_string()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth_first))
