@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # twinhub's test command (README "Test it"; CI runs exactly this through .ci/run).
 #
-#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest, cryptography for test certificates) and
+#   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest, cryptography for test certificates,
+#      selenium for the console's browser test, with Debian's chromium and chromium-driver) and
 #      azure-iot-device 2.14.0 exist (a missing package is pip-installed into an existing venv),
 #   2. cargo build            (the debug `twinhub` binary the tests start),
 #   3. cargo test             (unit tests + integration tests against the real binary),
@@ -15,9 +16,9 @@ step() { printf '\n==> [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { printf 'test.sh: %s\n' "$*" >&2; exit 1; }
 
 VENV=.venv
-PY_PKGS=(azure-iot-hub==2.7.0 six pytest azure-iot-device==2.14.0 cryptography)
+PY_PKGS=(azure-iot-hub==2.7.0 six pytest azure-iot-device==2.14.0 cryptography selenium)
 # What each package must import as (same order as PY_PKGS), and the exact versions the suites are written for.
-PY_IMPORTS=(azure.iot.hub six pytest azure.iot.device cryptography)
+PY_IMPORTS=(azure.iot.hub six pytest azure.iot.device cryptography selenium)
 PY_PINNED=(azure-iot-hub==2.7.0 azure-iot-device==2.14.0)
 
 is_py311() { "$1" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' >/dev/null 2>&1; }
@@ -81,6 +82,11 @@ command -v iptables >/dev/null 2>&1 || apt_install iptables
 command -v promtool >/dev/null 2>&1 || apt_install prometheus
 # The chaos suite's power-loss file system mounts through FUSE (fusermount3 from Debian's fuse3).
 command -v fusermount3 >/dev/null 2>&1 || apt_install fuse3
+# tests/python/test_console.py drives the web console in headless Chromium over WebDriver (Selenium);
+# Debian's chromium-driver matches its chromium exactly, so nothing is downloaded at test time.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  apt_install chromium chromium-driver
+fi
 "$VENV/bin/python" -c 'import azure.iot.hub, azure.iot.device, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| azure-iot-device", version("azure-iot-device"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
   || die "the Python SDKs do not import from $VENV"
 

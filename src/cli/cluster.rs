@@ -658,7 +658,8 @@ fn remote_views(a: &StatusArgs) -> Result<(Vec<serde_json::Value>, Views, u32), 
     let mut nodes = Vec::new();
     let mut all = Vec::new();
     for (shown, addr) in targets {
-        let node = first.at(addr);
+        let host = shown.rsplit_once(':').map_or(shown.as_str(), |(h, _)| h);
+        let node = first.at(host, addr);
         let r = rt.block_on(node.call(hyper::Method::GET, "/cluster/status", &[], Vec::new(), Duration::from_secs(5)));
         let view = match r {
             Ok((_, v)) => Some(v),
@@ -724,13 +725,17 @@ fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, js
     }
     let t = |v: &serde_json::Value| match v {
         serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".to_string(),
         other => other.to_string(),
     };
     let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} http", "node", "pid", "alive", "reachable", "ready");
     for n in &nodes {
         let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} {}", t(&n["id"]), t(&n["pid"]), t(&n["alive"]), t(&n["reachable"]), t(&n["ready"]), t(&n["http"]));
     }
-    let _ = writeln!(out, "\nmetadata group: leader {}, term {}, voters {}, learners {}", t(&meta_summary["leader"]), t(&meta_summary["term"]), t(&meta_summary["voters"]), t(&meta_summary["learners"]));
+    // A single node has no metadata group.
+    if !meta_summary["voters"].is_null() {
+        let _ = writeln!(out, "\nmetadata group: leader {}, term {}, voters {}, learners {}", t(&meta_summary["leader"]), t(&meta_summary["term"]), t(&meta_summary["voters"]), t(&meta_summary["learners"]));
+    }
     let _ = writeln!(out, "\n{:<6} {:<7} {:<6} {:<12} {:<12} {:<8} {:<10} lag", "shard", "leader", "term", "replicas", "target", "settled", "commit");
     for s in &shards {
         let _ = writeln!(

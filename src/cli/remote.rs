@@ -146,12 +146,15 @@ impl Remote {
             .next()
             .ok_or_else(|| RemoteError::Usage(format!("{host_port} resolves to no address")))?;
         let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h).to_string();
-        Ok(Remote { addr, host, tls: https::client_config(&ca)?, hub: host_port, key, policy })
+        let tls = https::client_config(&ca).map_err(|e| RemoteError::Usage(e.to_string()))?;
+        Ok(Remote { addr, host, tls, hub: host_port, key, policy })
     }
 
-    /// The same credential at another node's address (`cluster status` asks every node).
-    pub fn at(&self, addr: SocketAddr) -> Remote {
-        Remote { addr, host: self.host.clone(), tls: self.tls.clone(), hub: self.hub.clone(), key: self.key.clone(), policy: self.policy.clone() }
+    /// The same credential at another node (`cluster status` asks every node): each node checks
+    /// tokens against its own `host:port`.
+    pub fn at(&self, host: &str, addr: SocketAddr) -> Remote {
+        let hub = format!("{host}:{}", addr.port());
+        Remote { addr, host: host.to_string(), tls: self.tls.clone(), hub, key: self.key.clone(), policy: self.policy.clone() }
     }
 
     /// A policy token valid for an hour.

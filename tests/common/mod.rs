@@ -317,6 +317,14 @@ impl Server {
         s[start..].to_string()
     }
 
+    /// The server's log reports no panic.
+    pub fn assert_no_panics_in_log(&self) {
+        let log = String::from_utf8_lossy(&std::fs::read(&self.log_path).unwrap_or_default()).to_string();
+        if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
+            panic!("the server panicked: {line}\n{}", self.stderr_tail());
+        }
+    }
+
     /// A client authenticated as iothubowner.
     pub fn owner(&self) -> Api {
         self.api("iothubowner", &self.owner_key.clone())

@@ -42,7 +42,7 @@ pub struct IdArgs {
 pub struct Schedule {
     /// Job id (unique)
     pub id: String,
-    /// Which devices: a query condition, e.g. "tags.site = 'b43'" (or "*" for every device)
+    /// Which devices: a query condition, e.g. "tags.site = 'b43'" or "STARTS_WITH(deviceId, 'lab-')"
     #[arg(long = "where")]
     pub condition: String,
     /// Give up on devices not reached within this many seconds
@@ -118,9 +118,8 @@ fn parse_json(what: &str, text: &str) -> Result<Value, RemoteError> {
 
 async fn schedule(target: &Target, s: &Schedule, mut body: Value) -> Result<(), RemoteError> {
     let r = resolve(target)?;
-    let condition = if s.condition.trim() == "*" { String::new() } else { s.condition.clone() };
     body["jobId"] = json!(s.id);
-    body["queryCondition"] = json!(condition);
+    body["queryCondition"] = json!(s.condition);
     body["startTime"] = json!(crate::model::time::format_ms(crate::model::now_ms()));
     body["maxExecutionTimeInSeconds"] = json!(s.max_seconds);
     print_json(&r.call(hyper::Method::PUT, &job_path(&s.id, ""), &[], body.to_string().into_bytes(), TIMEOUT).await?.1);
