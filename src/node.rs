@@ -176,7 +176,7 @@ impl Node {
                 tracing::error!("{e}");
             }
         }));
-        tasks.push(tokio::spawn(shard_metrics(shards.clone(), dir.clone(), stop.clone())));
+        tasks.push(tokio::spawn(shard_metrics(shards.clone(), hub.clone(), dir.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
         tasks.push(tokio::spawn(crate::configurations::run(twins.clone(), config.configuration_interval, stop.clone())));
         tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), Some(methods), stop.clone())));
@@ -240,8 +240,9 @@ async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
     }
 }
 
-/// Per-shard gauges of the replicas this node hosts (and of the metadata group as shard `meta`).
-async fn shard_metrics(shards: Arc<Shards>, data_dir: std::path::PathBuf, stop: CancellationToken) {
+/// Per-shard gauges of the replicas this node hosts (and of the metadata group as shard `meta`), the
+/// process and disk gauges, and the notification queue depths.
+async fn shard_metrics(shards: Arc<Shards>, hub: Arc<Hub>, data_dir: std::path::PathBuf, stop: CancellationToken) {
     let mut leaders: std::collections::HashMap<String, Option<u64>> = Default::default();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
@@ -250,6 +251,7 @@ async fn shard_metrics(shards: Arc<Shards>, data_dir: std::path::PathBuf, stop: 
             _ = tick.tick() => {}
         }
         crate::sysmetrics::record(&data_dir);
+        hub.record_queue_depths();
         let meta = shards.meta_status().map(|m| ("meta".to_string(), m));
         let hosted = shards.status().into_iter().map(|s| (s.shard.to_string(), s));
         for (shard, st) in hosted.chain(meta) {

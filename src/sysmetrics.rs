@@ -1,5 +1,5 @@
-//! Process and data-directory gauges for `/metrics`, read once a second: resident memory, CPU time and
-//! open descriptors of this process (Prometheus' standard `process_*` names, from `/proc/self`), and
+//! Process and data-directory gauges for `/metrics`, read once a second: resident memory and open
+//! descriptors of this process (Prometheus' standard `process_*` names, from `/proc/self`; CPU time is read at scrape time), and
 //! the free and total bytes of the file system holding the data directory (for "disk nearly full"
 //! alerts). Reads only; a value that cannot be read is left as it was.
 
@@ -10,9 +10,6 @@ pub fn record(data_dir: &Path) {
     if let Some(rss) = resident_bytes() {
         metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
     }
-    if let Some(cpu) = cpu_seconds() {
-        metrics::gauge!("process_cpu_seconds_total").set(cpu);
-    }
     if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
         metrics::gauge!("process_open_fds").set(fds.count() as f64);
     }
@@ -20,6 +17,18 @@ pub fn record(data_dir: &Path) {
         let block = s.f_frsize as f64;
         metrics::gauge!("twinhub_data_dir_free_bytes").set(s.f_bavail as f64 * block);
         metrics::gauge!("twinhub_data_dir_size_bytes").set(s.f_blocks as f64 * block);
+    }
+}
+
+/// `process_cpu_seconds_total`, read at scrape time and rendered by hand: Prometheus defines it as a
+/// counter of (fractional) seconds, and the metrics crate's counters hold integers.
+pub fn render_process_cpu() -> String {
+    match cpu_seconds() {
+        Some(cpu) => format!(
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n\
+             # TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total {cpu}\n"
+        ),
+        None => String::new(),
     }
 }
 

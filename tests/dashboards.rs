@@ -144,4 +144,45 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported() {
     let missing: Vec<&String> = wanted.iter().filter(|m| !exported.contains(*m)).collect();
     assert!(missing.is_empty(), "read by the dashboard or the alerts but not on /metrics: {missing:?}");
     let _ = client.disconnect().await;
+    follows_prometheus_naming(&page);
+}
+
+/// Prometheus' conventions: every family has HELP and TYPE; counters, and only counters, end in
+/// `_total`; names are snake case under this project's (or the standard `process_`) prefix; durations
+/// are in seconds and say so; no label value carries a device id.
+fn follows_prometheus_naming(page: &str) {
+    let mut types = std::collections::BTreeMap::new();
+    let mut helps = BTreeSet::new();
+    for line in page.lines() {
+        let mut w = line.split_whitespace();
+        match (w.next(), w.next(), w.next(), w.next()) {
+            (Some("#"), Some("TYPE"), Some(name), Some(kind)) => {
+                types.insert(name.to_string(), kind.to_string());
+            }
+            (Some("#"), Some("HELP"), Some(name), Some(_)) => {
+                helps.insert(name.to_string());
+            }
+            _ => {}
+        }
+    }
+    assert!(types.len() >= 25, "{types:?}");
+    let mut wrong = Vec::new();
+    for (name, kind) in &types {
+        if !helps.contains(name) {
+            wrong.push(format!("{name}: no HELP"));
+        }
+        if !(name.starts_with("twinhub_") || name.starts_with("process_")) || name.chars().any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')) {
+            wrong.push(format!("{name}: not a snake-case twinhub_/process_ name"));
+        }
+        match (kind.as_str(), name.ends_with("_total")) {
+            ("counter", false) => wrong.push(format!("{name}: a counter must end in _total")),
+            ("gauge" | "histogram" | "summary", true) => wrong.push(format!("{name}: a {kind} must not end in _total")),
+            _ => {}
+        }
+        if (name.contains("latency") || name.contains("duration")) && !name.ends_with("_seconds") {
+            wrong.push(format!("{name}: a duration must be in seconds and named so"));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(!page.contains("dash-dev"), "a device id became a label value");
 }

@@ -315,7 +315,7 @@ impl Transport {
             Ok(r) => r,
             Err(_) => Err(TransportError::Timeout { node: target, after: deadline }),
         };
-        metrics::histogram!("twinhub_rpc_latency_seconds", "kind" => kind, "peer" => peer.clone())
+        metrics::histogram!("twinhub_rpc_request_duration_seconds", "kind" => kind, "peer" => peer.clone())
             .record(start.elapsed().as_secs_f64());
         if let Err(e) = &result {
             metrics::counter!("twinhub_rpc_errors_total", "kind" => kind, "peer" => peer, "error" => e.label())

@@ -59,17 +59,92 @@ fn register_defaults() {
         metrics::describe_gauge!(name, help);
         metrics::gauge!(name).increment(0.0);
     }
+    // Everything else appears when it first happens; its help text is given here, so that every series
+    // on /metrics says what it counts.
+    let counters = [
+        ("twinhub_http_requests_total", "HTTPS requests answered, by route pattern, method and status."),
+        ("twinhub_mqtt_requests_total", "Device MQTT requests ($iothub topics) handled, by kind and status."),
+        ("twinhub_mqtt_connects_total", "Device MQTT CONNECTs, by outcome."),
+        ("twinhub_mqtt_disconnects_total", "Device MQTT connections closed, by reason."),
+        ("twinhub_mqtt_takeovers_total", "Device connections replaced by a newer connection of the same identity."),
+        ("twinhub_mqtt_desired_pushes_total", "Desired-property pushes sent to devices."),
+        ("twinhub_mqtt_telemetry_dropped_total", "Device-to-cloud messages acknowledged and dropped (no routing yet)."),
+        ("twinhub_mqtt_tls_failures_total", "Device MQTT TLS handshakes that failed."),
+        ("twinhub_mqtt_sessions_restored_total", "Persistent MQTT sessions whose subscriptions were restored on connect."),
+        ("twinhub_mqtt_sessions_evicted_total", "Detached persistent MQTT sessions evicted to bound memory."),
+        ("twinhub_mqtt_websocket_connections_total", "MQTT-over-WebSocket upgrades accepted."),
+        ("twinhub_mqtt_websocket_refused_total", "MQTT-over-WebSocket upgrades refused."),
+        ("twinhub_listener_refused_total", "Connections refused at accept by a connection bound, by listener and reason."),
+        ("twinhub_method_calls_total", "Direct method calls, by outcome."),
+        ("twinhub_method_responses_total", "Direct method responses received from devices."),
+        ("twinhub_notify_feed_resyncs_total", "Change-feed consumers told to resync (their position could not be served)."),
+        ("twinhub_notify_feed_superseded_total", "Change-feed consumers replaced by a newer one of the same identity."),
+        ("twinhub_notify_push_overflows_total", "Device push queues that overflowed (the connection is closed; the device re-reads its twin)."),
+        ("twinhub_notify_broker_published_total", "Events published on the back-end event broker."),
+        ("twinhub_notify_broker_internal_login_refused_total", "Refused logins with the event broker's internal identity."),
+        ("twinhub_event_tail_gaps_total", "Change events of remotely hosted shards that a tail could not fetch (consumers are told to resync)."),
+        ("twinhub_route_forwarded_total", "Writes forwarded to the node leading the twin's shard."),
+        ("twinhub_route_forwarded_reads_total", "Reads forwarded to a node holding a replica of the twin's shard."),
+        ("twinhub_route_retries_total", "Writes retried after a leader change or an unreachable node."),
+        ("twinhub_route_read_retries_total", "Reads retried after a leader change or an unreachable node."),
+        ("twinhub_rpc_requests_total", "Inter-node calls sent, by kind."),
+        ("twinhub_rpc_errors_total", "Inter-node calls sent that failed, by kind."),
+        ("twinhub_rpc_connects_total", "Inter-node connections opened."),
+        ("twinhub_rpc_connect_failures_total", "Inter-node connection attempts that failed."),
+        ("twinhub_rpc_server_requests_total", "Inter-node calls received, by kind."),
+        ("twinhub_rpc_server_errors_total", "Inter-node calls received that failed, by kind."),
+        ("twinhub_rpc_server_refused_total", "Inter-node calls refused (bad signature, replay, unknown peer)."),
+        ("twinhub_shard_leader_changes_total", "Leader changes seen by this node, by shard."),
+        ("twinhub_shard_leader_transfers_total", "Leadership transfers started by the balancer, by shard."),
+        ("twinhub_configuration_passes_total", "Passes of the configurations reconciler."),
+        ("twinhub_configuration_twin_updates_total", "Twin updates written by automatic device configurations."),
+    ];
+    for (name, help) in counters {
+        metrics::describe_counter!(name, help);
+    }
+    let gauges = [
+        ("twinhub_notify_pushes_pending", "Desired pushes waiting for device connections to take them (queue depth)."),
+        ("twinhub_notify_feed_pending", "Change events waiting for feed consumers to take them (queue depth)."),
+    ];
+    for (name, help) in gauges {
+        metrics::describe_gauge!(name, help);
+        metrics::gauge!(name).set(0.0);
+    }
+    let gauges = [
+        ("twinhub_shard_term", "Raft term of the shard's replica on this node."),
+        ("twinhub_shard_last_log_index", "Last log index of the shard's replica on this node."),
+        ("twinhub_shard_commit_index", "Commit index of the shard's replica on this node."),
+        ("twinhub_shard_apply_index", "Last applied index of the shard's replica on this node."),
+        ("twinhub_shard_is_leader", "1 if this node leads the shard."),
+        ("twinhub_shard_has_leader", "1 if this node knows a leader of the shard."),
+        ("twinhub_shard_max_replica_lag", "Log entries the furthest follower is behind, as this node sees it when leading."),
+        ("twinhub_listener_connections", "Open connections, by listener."),
+        ("twinhub_listener_unauthenticated_connections", "Open connections not yet authenticated, by listener."),
+        ("twinhub_mqtt_sessions", "MQTT sessions held (connected and detached persistent ones)."),
+        ("twinhub_mqtt_sessions_detached", "Persistent MQTT sessions held while their device is disconnected."),
+        ("twinhub_mqtt_session_bytes", "Approximate bytes held by MQTT sessions."),
+        ("twinhub_notify_broker_clients", "Clients connected to the back-end event broker."),
+        ("twinhub_notify_device_registrations", "Device connections registered for desired pushes."),
+        ("twinhub_data_dir_size_bytes", "Total bytes of the data directory's file system."),
+        ("process_open_fds", "Open file descriptors of the process."),
+    ];
+    for (name, help) in gauges {
+        metrics::describe_gauge!(name, help);
+    }
     metrics::describe_histogram!("twinhub_http_request_duration_seconds", metrics::Unit::Seconds, "HTTPS request latency by route.");
+    metrics::describe_histogram!("twinhub_mqtt_request_duration_seconds", metrics::Unit::Seconds, "Device MQTT request latency by kind.");
+    metrics::describe_histogram!("twinhub_rpc_request_duration_seconds", metrics::Unit::Seconds, "Inter-node call latency seen by the caller, by kind and peer.");
+    metrics::describe_histogram!("twinhub_rpc_server_request_duration_seconds", metrics::Unit::Seconds, "Inter-node call handling time, by kind.");
     metrics::describe_histogram!("twinhub_storage_fsync_seconds", metrics::Unit::Seconds, "Duration of one group-commit fsync.");
     metrics::describe_histogram!("twinhub_storage_batch_requests", "Storage requests (log appends of every shard) covered by one fsync.");
-    metrics::describe_gauge!("twinhub_shard_has_leader", "1 if this node knows a leader of the shard.");
-    metrics::describe_gauge!("twinhub_shard_max_replica_lag", "Log entries the furthest follower is behind, as this node sees it when leading.");
     metrics::describe_gauge!("twinhub_data_dir_free_bytes", metrics::Unit::Bytes, "Free bytes of the data directory's file system.");
     metrics::describe_gauge!("process_resident_memory_bytes", metrics::Unit::Bytes, "Resident memory of the process.");
 }
 
 pub fn render_metrics() -> String {
-    metrics_handle().map(|h| h.render()).unwrap_or_default()
+    let mut text = metrics_handle().map(|h| h.render()).unwrap_or_default();
+    text.push_str(&crate::sysmetrics::render_process_cpu());
+    text
 }
 
 pub async fn metrics_route() -> Response {

@@ -578,6 +578,15 @@ impl Hub {
 
     /// Devices with at least one open connection on this node (`/statistics/service`): distinct
     /// identities (device or module) with a desired-push registration.
+    /// Sets the queue-depth gauges: pushes waiting for device connections and events waiting for
+    /// feed consumers, summed over all of them (one pass under each lock; called once a second).
+    pub fn record_queue_depths(&self) {
+        let pushes: usize = lock(&self.pushes).regs.values().map(|r| r.queue.len()).sum();
+        let events: usize = lock(&self.feed).consumers.values().map(|c| c.queue.len()).sum();
+        metrics::gauge!("twinhub_notify_pushes_pending").set(pushes as f64);
+        metrics::gauge!("twinhub_notify_feed_pending").set(events as f64);
+    }
+
     pub fn connected_devices(&self) -> u64 {
         lock(&self.pushes).by_twin.len() as u64
     }

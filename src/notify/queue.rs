@@ -65,7 +65,7 @@ impl PushQueue {
         self.overflowed
     }
 
-    #[cfg(test)]
+    /// Pushes waiting for the device connection to take them.
     pub fn len(&self) -> usize {
         self.pending.len()
     }
@@ -145,6 +145,11 @@ impl FeedQueue {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// Events waiting for the consumer to take them.
+    pub fn len(&self) -> usize {
+        self.pending.len()
     }
 
     /// Drops everything pending (the consumer is told to resync).

@@ -215,7 +215,7 @@ impl Inner {
             Outcome::Refused(_) => "unknown".to_string(),
         };
         metrics::counter!("twinhub_rpc_server_requests_total", "kind" => kind, "peer" => from.clone()).increment(1);
-        metrics::histogram!("twinhub_rpc_server_latency_seconds", "kind" => kind).record(start.elapsed().as_secs_f64());
+        metrics::histogram!("twinhub_rpc_server_request_duration_seconds", "kind" => kind).record(start.elapsed().as_secs_f64());
         let error = |failure: &RpcFailure| {
             metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from.clone(), "error" => failure.label())
                 .increment(1);
