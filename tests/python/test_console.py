@@ -8,7 +8,12 @@ error with its position), look at the cluster page, and find a read-only policy 
 """
 
 import json
+import os
+import pathlib
+import re
 import shutil
+import subprocess
+import tempfile
 import uuid
 
 import pytest
@@ -21,7 +26,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import assert_port_free
+from conftest import assert_port_free, twinhub_binary
 
 DEVICE_PORT = 8883  # the device SDK dials 8883 only
 WAIT = 20
@@ -85,8 +90,8 @@ def visible(driver, element_id):
     return driver.find_element(By.ID, element_id).is_displayed()
 
 
-def sign_in(driver, hub, connection_string):
-    driver.get(f"https://localhost:{hub.http_port}/console")
+def sign_in(driver, hub, connection_string, port=None):
+    driver.get(f"https://localhost:{port or hub.http_port}/console")
     wait_for(driver, "the sign-in page", lambda d: visible(d, "page-signin"))
     box = driver.find_element(By.ID, "signin-cs")
     box.clear()
@@ -102,6 +107,10 @@ def policy_connection_string(hub, name):
 
 def test_a_new_user_signs_in_creates_a_device_edits_its_twin_and_sees_reported_changes_live(hub, rm, browser):
     d = browser
+    # `serve` names the console's address (on stderr; stdout carries only the connection string).
+    m = re.search(r"web console at (https://\S+/console)", hub.stderr())
+    assert m, f"the node did not print its console address:\n{hub.stderr()}"
+    assert m.group(1) == f"https://localhost:{hub.http_port}/console"
     # A wrong key is refused with the hub's reason, and nothing else is shown.
     bad = hub.connection_string.rsplit("=", 2)[0] + "=" + "A" * 43 + "="
     sign_in(d, hub, bad)
@@ -216,3 +225,51 @@ def test_a_read_only_policy_can_look_but_not_write(hub, rm, browser):
     d.switch_to.alert.accept()
     wait_for(d, "the refusal", lambda d: visible(d, "message") and "Unauthorized" in text(d, "message"))
     assert rm.get_device(dev).device_id == dev
+
+
+def test_the_console_works_on_any_node_of_a_cluster(browser):
+    """A 3-node cluster from `twinhub cluster up`: signed in on node 2, the cluster page lists the three
+    nodes, every shard with its three replicas and a leader, and a twin written through node 3 opens."""
+    d = browser
+    with tempfile.TemporaryDirectory(prefix="twinhub-console-cluster-") as tmp:
+        up = subprocess.run([str(twinhub_binary()), "cluster", "up", "--dir", tmp, "--nodes", "3", "--shard-count", "4"],
+                            capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, f"cluster up failed:\n{up.stderr[-4000:]}"
+        try:
+            cluster = json.loads((pathlib.Path(tmp) / "cluster.json").read_text())
+            ports = {n["id"]: int(n["http"].rsplit(":", 1)[1]) for n in cluster["nodes"]}
+            cs2 = f"HostName=localhost:{ports[2]};SharedAccessKeyName=iothubowner;SharedAccessKey={cluster['owner_key']}"
+            d.get(f"https://localhost:{ports[2]}/console")
+            if visible(d, "sign-out"):
+                d.find_element(By.ID, "sign-out").click()
+            sign_in(d, None, cs2, port=ports[2])
+            wait_for(d, "the device list", lambda d: visible(d, "page-devices"))
+            d.get(f"https://localhost:{ports[2]}/console#/cluster")
+            wait_for(d, "the cluster page of node 2", lambda d: visible(d, "page-cluster") and text(d, "cluster-node") == "2")
+            nodes = wait_for(d, "three nodes", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#cluster-nodes tbody tr")) == 3
+                             and d.find_elements(By.CSS_SELECTOR, "#cluster-nodes tbody tr"))
+            assert [r.find_elements(By.TAG_NAME, "td")[0].text for r in nodes] == ["1", "2", "3"]
+            rows = d.find_elements(By.CSS_SELECTOR, "#cluster-shards tbody tr")
+            assert len(rows) == 4
+            for r in rows:
+                cells = [c.text for c in r.find_elements(By.TAG_NAME, "td")]
+                assert cells[1] == "1, 2, 3", cells
+                assert cells[2] in ("1", "2", "3"), f"every shard has a known leader: {cells}"
+            # A device created through node 3 opens on node 2's console (its twin may live on any shard).
+            cs3 = f"HostName=localhost:{ports[3]};SharedAccessKeyName=iothubowner;SharedAccessKey={cluster['owner_key']}"
+            rm3 = IoTHubRegistryManager.from_connection_string(cs3)
+            dev = f"cl-{uuid.uuid4().hex[:8]}"
+            old = os.environ.get("REQUESTS_CA_BUNDLE")
+            os.environ["REQUESTS_CA_BUNDLE"] = cluster["ca"]
+            try:
+                rm3.create_device_with_sas(dev, None, None, "enabled")
+                rm3.update_twin(dev, Twin(tags={"via": "node3"}), "*")
+            finally:
+                if old is None:
+                    os.environ.pop("REQUESTS_CA_BUNDLE", None)
+                else:
+                    os.environ["REQUESTS_CA_BUNDLE"] = old
+            d.get(f"https://localhost:{ports[2]}/console#/twin/{dev}")
+            wait_for(d, "the twin through node 2", lambda d: visible(d, "page-twin") and '"via": "node3"' in text(d, "twin-tags"))
+        finally:
+            subprocess.run([str(twinhub_binary()), "cluster", "down", "--dir", tmp], capture_output=True, timeout=120)
