@@ -82,6 +82,8 @@ command -v iptables >/dev/null 2>&1 || apt_install iptables
 command -v promtool >/dev/null 2>&1 || apt_install prometheus
 # The chaos suite's power-loss file system mounts through FUSE (fusermount3 from Debian's fuse3).
 command -v fusermount3 >/dev/null 2>&1 || apt_install fuse3
+# tests/cluster_tls.rs captures the cluster ports with tcpdump to show no twin JSON crosses them in clear.
+command -v tcpdump >/dev/null 2>&1 || apt_install tcpdump
 # tests/python/test_console.py drives the web console in headless Chromium over WebDriver (Selenium);
 # Debian's chromium-driver matches its chromium exactly, so nothing is downloaded at test time.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then

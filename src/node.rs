@@ -106,7 +106,15 @@ impl Node {
             None => (None, None),
             Some(c) => {
                 let secret = ClusterSecret::new(c.secret.as_bytes()).map_err(|_| NodeError::ClusterSecret)?;
-                let transport = Transport::new(TransportConfig::new(config.node_id, secret));
+                let mut transport_config = TransportConfig::new(config.node_id, secret);
+                transport_config.tls = match &c.tls {
+                    Some(files) => Some(crate::tls::cluster::ClusterTls::load(files, config.node_id)?),
+                    None => {
+                        tracing::warn!("inter-node traffic is NOT encrypted (--cluster-plaintext): for development on one machine only");
+                        None
+                    }
+                };
+                let transport = Transport::new(transport_config);
                 for (id, addr) in &c.peers {
                     transport.peers().set(*id, addr.clone());
                 }

@@ -1,10 +1,14 @@
 //! The inter-node (cluster) port under attack, against real `twinhub` processes: `twinhub cluster up`
 //! starts three nodes on loopback, and the test talks to their cluster ports with a raw HTTP/2 client
-//! as an attacker on the network would, then checks that the cluster still serves clients.
+//! holding a member's TLS certificate (the second line of defence: what the signatures stop even a
+//! certificate holder from doing; `tests/cluster_tls.rs` covers strangers without one), then checks
+//! that the cluster still serves clients.
 //!
 //! (a) an unsigned request is refused, and the refusal carries no signature (no signing oracle);
 //! (b) a correctly signed request (the test knows the secret from `cluster.json`, as a member does)
 //!     works once, and the same bytes sent again are refused; so is a tampered body;
+//!     and a request signed as node 3 on node 2's TLS connection is refused (a certificate speaks
+//!     for its node only);
 //! (c) the signed answer of (b), sent back as a request, is refused;
 //! (d) twelve concurrent 60 MiB uploads without a valid signature are refused before their bodies
 //!     are read: the node's RSS stays flat and the refusals are quick;
@@ -109,15 +113,27 @@ impl Answer {
     }
 }
 
-/// An HTTP/2 (prior knowledge) connection to a cluster port, as any TCP client can open.
+/// The TLS identity the attacker holds: node 2's cluster certificate (a member's, or a stolen one),
+/// and which node listens where. Inter-node traffic is mutual TLS, so without a member certificate
+/// nobody reaches the HTTP/2 layer at all (`tests/cluster_tls.rs`); these tests are about what the
+/// signatures still stop a certificate holder from doing.
+static MEMBER: std::sync::OnceLock<(Arc<rustls::ClientConfig>, std::collections::HashMap<SocketAddr, u64>)> = std::sync::OnceLock::new();
+
+/// An HTTP/2 connection over TLS to a cluster port, with node 2's certificate.
 async fn h2<B>(addr: SocketAddr) -> http2::SendRequest<B>
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let (tls, ids) = MEMBER.get().expect("the member identity is set up first");
     let tcp = tokio::time::timeout(IO_WAIT, TcpStream::connect(addr)).await.expect("connect in time").expect("connect");
-    let (sender, conn) = tokio::time::timeout(IO_WAIT, http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)))
+    let name = cluster_node_name(ids[&addr]);
+    let tls = tokio::time::timeout(IO_WAIT, tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp))
+        .await
+        .expect("TLS in time")
+        .expect("TLS handshake with a member certificate");
+    let (sender, conn) = tokio::time::timeout(IO_WAIT, http2::handshake(TokioExecutor::new(), TokioIo::new(tls)))
         .await
         .expect("handshake in time")
         .expect("HTTP/2 handshake");
@@ -185,6 +201,8 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     c.settle_leadership().await;
     let secret = c.cluster_secret();
     let (n1, n2) = (c.cluster_addr(1), c.cluster_addr(2));
+    let ids = c.ids().into_iter().map(|id| (c.cluster_addr(id), id)).collect();
+    let _ = MEMBER.set((c.member_tls(2), ids));
 
     // (a) An unauthenticated POST: refused, unsigned, with only a failure code in the body.
     let a = send(n1, STATUS_PATH, &HeaderMap::new(), Bytes::new()).await;
@@ -210,6 +228,11 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     let (headers, _) = signed_request(&secret, 2, STATUS_PATH, b"signed");
     send(n1, STATUS_PATH, &headers, Bytes::from_static(b"sent!!")).await.assert_unsigned_refusal("tampered body");
     eprintln!("(b) signed request answered {}, its replay refused", b.status);
+    // A member's certificate speaks for that member only: signed as node 3 on node 2's TLS connection,
+    // a request is refused although the signature is good.
+    let (headers, _) = signed_request(&secret, 3, STATUS_PATH, b"");
+    send(n1, STATUS_PATH, &headers, Bytes::new()).await.assert_unsigned_refusal("signed as another node than the certificate names");
+    eprintln!("(b') signed as node 3 over node 2's certificate: refused");
 
     // (c) The signed answer, sent back as a request (to the node that signed it, and to another).
     for addr in [n1, n2] {

@@ -30,6 +30,20 @@ pub enum ClusterCommand {
     Add(AddArgs),
     /// Remove a node from every shard, stop it and set its data aside (its id is never reused).
     Remove(RemoveArgs),
+    /// Make (or reuse) a cluster CA in DIR and issue inter-node TLS certificates for the given node ids
+    /// (for clusters not started by `cluster up`: systemd, Kubernetes; also to rotate certificates).
+    Certs(CertsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CertsArgs {
+    /// Directory of the cluster CA (`cluster-ca.pem`, `cluster-ca.key`; made if absent) and of the
+    /// issued certificates (`node-N/cluster-node.pem`, `node-N/cluster-node.key`)
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Node ids to issue certificates for (repeat, or comma-separated)
+    #[arg(long = "node", value_delimiter = ',', required = true)]
+    pub nodes: Vec<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -168,6 +182,7 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
         ClusterCommand::Status(a) => status(&a),
         ClusterCommand::Add(a) => add(&a.dir, a.timeout),
         ClusterCommand::Remove(a) => remove(&a.dir, a.node),
+        ClusterCommand::Certs(a) => certs(&a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -340,7 +355,19 @@ fn prepare_node(
         cluster = if peers.len() > 1 || join.is_some() {
             let join = join.map(|j| format!("join = \"{j}\"\n")).unwrap_or_default();
             let hb = file.raft_heartbeat_ms.map(|h| format!("raft_heartbeat_ms = {h}\n")).unwrap_or_default();
-            format!("cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n{join}{hb}", entry.cluster, file.secret)
+            // Inter-node mutual TLS: the cluster's own CA (made once, beside the front-door CA) and
+            // this node's certificate, naming it.
+            let tls_dir = dir.join("shared").join("tls");
+            let (ca, ca_key) = crate::tls::cluster::ensure_cluster_ca(&tls_dir)?;
+            let t = crate::tls::cluster::issue_node_cert(&ca, &ca_key, id, &node_dir)?;
+            format!(
+                "cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n{join}{hb}cluster_ca = {:?}\ncluster_cert = {:?}\ncluster_key = {:?}\n",
+                entry.cluster,
+                file.secret,
+                t.ca.display().to_string(),
+                t.cert.display().to_string(),
+                t.key.display().to_string()
+            )
         } else {
             String::new()
         },
@@ -474,6 +501,20 @@ fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
         println!("node {}: {}", n.id, n.connection_string);
     }
     save(dir, &file)
+}
+
+fn certs(a: &CertsArgs) -> Result<(), LauncherError> {
+    if a.nodes.contains(&0) {
+        return Err(LauncherError::Usage("node ids start at 1".into()));
+    }
+    crate::secrets::create_private_dir(&a.dir).map_err(io(format!("creating {}", a.dir.display())))?;
+    let (ca, ca_key) = crate::tls::cluster::ensure_cluster_ca(&a.dir)?;
+    println!("cluster CA: {} (its key {} stays with whoever issues certificates)", ca.display(), ca_key.display());
+    for id in &a.nodes {
+        let f = crate::tls::cluster::issue_node_cert(&ca, &ca_key, *id, &a.dir.join(format!("node-{id}")))?;
+        println!("node {id}: --cluster-ca {} --cluster-cert {} --cluster-key {}", f.ca.display(), f.cert.display(), f.key.display());
+    }
+    Ok(())
 }
 
 /// Every node's `/cluster/status` (`None` for a node that did not answer).

@@ -80,6 +80,19 @@ pub struct ServeArgs {
     /// File holding the cluster secret (instead of --cluster-secret, visible in the process list)
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
+    /// PEM CA certificate(s) the nodes' cluster certificates chain to (inter-node mutual TLS)
+    #[arg(long)]
+    pub cluster_ca: Option<PathBuf>,
+    /// PEM certificate of this node for inter-node TLS; must name `node-<id>.cluster.twinhub`
+    #[arg(long)]
+    pub cluster_cert: Option<PathBuf>,
+    /// PEM private key for --cluster-cert
+    #[arg(long)]
+    pub cluster_key: Option<PathBuf>,
+    /// Inter-node traffic in clear text (still signed): for development on one machine only; never
+    /// with --cluster-ca
+    #[arg(long)]
+    pub cluster_plaintext: bool,
     /// Connections the HTTPS listener holds at once [default: a share of RLIMIT_NOFILE, at most 4096]
     #[arg(long)]
     pub max_connections_https: Option<usize>,
@@ -148,6 +161,10 @@ pub struct FileConfig {
     pub follower_reads: Option<bool>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
+    pub cluster_ca: Option<PathBuf>,
+    pub cluster_cert: Option<PathBuf>,
+    pub cluster_key: Option<PathBuf>,
+    pub cluster_plaintext: Option<bool>,
     pub max_connections_https: Option<usize>,
     pub max_connections_mqtt: Option<usize>,
     pub max_connections_events: Option<usize>,
@@ -172,6 +189,8 @@ pub struct ClusterConfig {
     pub peers: std::collections::BTreeMap<u64, String>,
     /// A member's inter-node address to join through (a node added to a running cluster).
     pub join: Option<String>,
+    /// Mutual TLS material; `None` only with the explicit plaintext flag.
+    pub tls: Option<crate::tls::cluster::ClusterTlsFiles>,
 }
 
 /// The resolved configuration of a node.
@@ -213,6 +232,8 @@ pub enum ConfigError {
     SecretFile { option: &'static str, path: String, source: std::io::Error },
     #[error("{option} and {other} are both given; use one")]
     Conflict { option: &'static str, other: &'static str },
+    #[error("inter-node traffic is TLS: give --cluster-ca, --cluster-cert and --cluster-key (`twinhub cluster up` makes them), or --cluster-plaintext for development on one machine")]
+    ClusterTls,
 }
 
 impl Config {
@@ -292,7 +313,21 @@ impl Config {
                         return Err(ConfigError::Invalid { option: "join", value: j.clone(), expected: "HOST:PORT of a member's --cluster-listen" });
                     }
                 }
-                Some(ClusterConfig { listen, advertise, secret, peers, join })
+                let plaintext = args.cluster_plaintext
+                    || env("TWINHUB_CLUSTER_PLAINTEXT").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+                    || file.cluster_plaintext.unwrap_or(false);
+                let ca = path(args.cluster_ca.clone(), "TWINHUB_CLUSTER_CA", file.cluster_ca.clone());
+                let cert = path(args.cluster_cert.clone(), "TWINHUB_CLUSTER_CERT", file.cluster_cert.clone());
+                let key = path(args.cluster_key.clone(), "TWINHUB_CLUSTER_KEY", file.cluster_key.clone());
+                let tls = match (ca, cert, key, plaintext) {
+                    (None, None, None, true) => None,
+                    (Some(_), _, _, true) | (_, Some(_), _, true) | (_, _, Some(_), true) => {
+                        return Err(ConfigError::Conflict { option: "cluster-plaintext", other: "cluster-ca/cluster-cert/cluster-key" })
+                    }
+                    (Some(ca), Some(cert), Some(key), false) => Some(crate::tls::cluster::ClusterTlsFiles { ca, cert, key }),
+                    _ => return Err(ConfigError::ClusterTls),
+                };
+                Some(ClusterConfig { listen, advertise, secret, peers, join, tls })
             }
         };
         let raft_heartbeat_ms = match args.raft_heartbeat_ms {
@@ -486,5 +521,25 @@ mod tests {
         std::fs::write(&file, "http_lisen = \"x\"\n").unwrap();
         let e = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("http_lisen"), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_node_needs_tls_files_or_the_explicit_plaintext_flag() {
+        let base = || ServeArgs {
+            cluster_listen: Some("127.0.0.1:7400".into()),
+            cluster_secret: Some("0123456789abcdef0123".into()),
+            ..Default::default()
+        };
+        let e = Config::resolve(base(), env_of(&[])).unwrap_err().to_string();
+        assert!(e.contains("--cluster-ca") && e.contains("--cluster-plaintext"), "{e}");
+        let half = ServeArgs { cluster_ca: Some("/ca.pem".into()), ..base() };
+        assert!(Config::resolve(half, env_of(&[])).is_err(), "a CA alone is not enough");
+        let both = ServeArgs { cluster_plaintext: true, cluster_ca: Some("/ca.pem".into()), ..base() };
+        assert!(Config::resolve(both, env_of(&[])).unwrap_err().to_string().contains("both given"));
+        let plain = Config::resolve(ServeArgs { cluster_plaintext: true, ..base() }, env_of(&[])).unwrap();
+        assert_eq!(plain.cluster.unwrap().tls, None);
+        let env = env_of(&[("TWINHUB_CLUSTER_CA", "/ca.pem"), ("TWINHUB_CLUSTER_CERT", "/n.pem"), ("TWINHUB_CLUSTER_KEY", "/n.key")]);
+        let tls = Config::resolve(base(), env).unwrap().cluster.unwrap().tls.unwrap();
+        assert_eq!((tls.ca, tls.cert, tls.key), ("/ca.pem".into(), "/n.pem".into(), "/n.key".into()));
     }
 }

@@ -31,11 +31,18 @@
 //! This gives **authenticity, integrity and freshness between members**: nobody without the secret
 //! can make a node vote, append, install a snapshot or run a call, alter or forge a message or an
 //! answer, replay a captured request, or pass a response off as a request or as the answer to
-//! another request. It gives **no confidentiality**: bodies (twin documents, device keys in registry
-//! commands) travel in clear, so inter-node traffic belongs on a private network until the TLS option
-//! exists. Anyone on the path can still drop, delay (within the skew window) or reorder messages,
-//! which Raft tolerates, and every member holds the same secret, so a compromised member can
-//! impersonate any other.
+//! another request.
+//!
+//! # Mutual TLS underneath
+//! The connections themselves are TLS 1.3 with certificates from the cluster's own CA
+//! ([`crate::tls::cluster`]): that adds **confidentiality** (twin documents and device keys never cross
+//! the network in clear) and **peer identity**: a node dials only a server holding the certificate of
+//! the node it means, accepts only clients holding a certificate from the cluster CA, and refuses a
+//! request signed as another node than the connection's certificate names — so a compromised member
+//! can no longer impersonate the others, although it still holds the shared secret. Without a
+//! certificate nobody gets past the TLS handshake. Plaintext is only possible with the explicit
+//! development flag (`--cluster-plaintext`). Anyone on the path can still drop or delay messages,
+//! which Raft tolerates.
 
 pub mod auth;
 pub mod error;
@@ -132,6 +139,9 @@ pub struct TransportConfig {
     pub h2_max_concurrent_streams: u32,
     /// Largest header list the server accepts: ours are a few hundred bytes.
     pub h2_max_header_list: u32,
+    /// Mutual TLS (the cluster CA and this node's certificate); `None` only with the explicit
+    /// plaintext development flag, and in unit tests.
+    pub tls: Option<crate::tls::cluster::ClusterTls>,
 }
 
 impl TransportConfig {
@@ -151,6 +161,7 @@ impl TransportConfig {
             h2_max_frame: 256 << 10,
             h2_max_concurrent_streams: 1024,
             h2_max_header_list: 16 << 10,
+            tls: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! generated development CA (so the SDKs can be pointed at `DIR/tls/ca.pem`).
 
 mod client_auth;
+pub mod cluster;
 mod dev_ca;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,8 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("--tls-cert and --tls-key must be given together")]
     HalfConfigured,
+    #[error("{path} is not this node's cluster certificate: it should name {expected}, it names {found}")]
+    WrongNode { path: String, expected: String, found: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {

@@ -522,6 +522,13 @@ impl Cluster {
         self.cluster_file()["secret"].as_str().expect("cluster.json: secret").to_string()
     }
 
+    /// A TLS client that presents node `as_node`'s cluster certificate (what `cluster up` issued it)
+    /// and trusts the cluster CA: a member's credentials, for tests of what a member may still not do.
+    pub fn member_tls(&self, as_node: u64) -> std::sync::Arc<rustls::ClientConfig> {
+        let node_dir = self.dir.join(format!("node-{as_node}"));
+        cluster_tls_client(&self.dir.join("shared/tls/cluster-ca.pem"), Some((&node_dir.join("cluster-node.pem"), &node_dir.join("cluster-node.key"))))
+    }
+
     /// Node `id`'s inter-node listener.
     pub fn cluster_addr(&self, id: u64) -> SocketAddr {
         let file = self.cluster_file();
@@ -529,6 +536,35 @@ impl Cluster {
         let entry = entry.unwrap_or_else(|| panic!("cluster.json: no node {id}"));
         entry["cluster"].as_str().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("cluster.json: node {id} without cluster address"))
     }
+}
+
+/// The name node `id`'s cluster certificate carries (and a TLS client must ask for).
+pub fn cluster_node_name(id: u64) -> rustls::pki_types::ServerName<'static> {
+    rustls::pki_types::ServerName::try_from(format!("node-{id}.cluster.twinhub")).expect("a DNS name")
+}
+
+/// A TLS 1.3 client with ALPN `h2` trusting the CA in `ca`, presenting `identity` (cert, key) if given.
+pub fn cluster_tls_client(ca: &std::path::Path, identity: Option<(&std::path::Path, &std::path::Path)>) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("read CA") {
+        roots.add(c.expect("CA PEM")).expect("add CA");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert).expect("read cert").map(|c| c.expect("cert PEM")).collect();
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).expect("read key");
+            b.with_client_auth_cert(chain, key).expect("client identity")
+        }
+        None => b.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    std::sync::Arc::new(config)
 }
 
 /// Resident set size of process `pid` in KiB (`VmRSS` of `/proc/PID/status`); 0 if it is gone.

@@ -121,6 +121,11 @@ impl Cluster {
         let ca_pem = std::fs::read(&certs.ca)?;
         let tls = crate::chaos::runner::https::client_config(&ca_pem)?;
         let peers = ids.iter().map(|id| format!("{id}={}:{CLUSTER_PORT}", net::node_ip(*id))).collect::<Vec<_>>().join(",");
+        // Inter-node mutual TLS, as in production: a cluster CA and one certificate per node.
+        let (cluster_ca, cluster_ca_key) = crate::tls::cluster::ensure_cluster_ca(&cfg.dir.join("tls"))?;
+        for &id in &ids {
+            crate::tls::cluster::issue_node_cert(&cluster_ca, &cluster_ca_key, id, &cfg.dir.join(format!("node-{id}")))?;
+        }
         let mut nodes = Vec::new();
         let mut mounts = String::new();
         for &id in &ids {
@@ -314,7 +319,13 @@ impl Cluster {
             .arg("--tls-cert")
             .arg(&self.cert)
             .arg("--tls-key")
-            .arg(&self.key);
+            .arg(&self.key)
+            .arg("--cluster-ca")
+            .arg(self.cfg.dir.join("tls").join("cluster-ca.pem"))
+            .arg("--cluster-cert")
+            .arg(self.cfg.dir.join(format!("node-{id}")).join("cluster-node.pem"))
+            .arg("--cluster-key")
+            .arg(self.cfg.dir.join(format!("node-{id}")).join("cluster-node.key"));
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("TWINHUB_") {
                 cmd.env_remove(&k);

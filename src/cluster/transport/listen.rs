@@ -1,5 +1,10 @@
-//! [`serve`]: the inter-node listener. HTTP/2 only, without TLS (prior knowledge): members
-//! authenticate every message, see the module doc of [`super`] for what that does and does not protect.
+//! [`serve`]: the inter-node listener. HTTP/2 over mutual TLS (the cluster CA; see
+//! [`crate::tls::cluster`]), or over plain TCP with prior knowledge when the node runs with the
+//! development plaintext flag. Members also sign every message, see the module doc of [`super`].
+//!
+//! With TLS, a connection whose handshake does not complete within the authentication timeout, or
+//! whose client certificate is not from the cluster CA or names no node, is closed before any HTTP/2
+//! work; the node its certificate names is the only one its requests may be signed as.
 //!
 //! # What a stranger can make this hold
 //! Every accepted socket first takes a slot from the listener's [`ConnGate`] (refused, i.e. closed at
@@ -23,12 +28,15 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use super::server::RaftRpcService;
 use super::TransportConfig;
+use crate::ids::NodeId;
 use crate::net::{ConnGate, ConnPermit};
+use crate::tls::cluster::ClusterTls;
 
 /// How long [`serve`] waits, once stopped, for in-flight requests before closing connections.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -39,6 +47,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 struct ConnService {
     service: RaftRpcService,
     permit: Arc<Mutex<ConnPermit>>,
+    /// The node the TLS client certificate names.
+    certified: Option<crate::ids::NodeId>,
 }
 
 impl ConnService {
@@ -57,7 +67,7 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         Box::pin(async move {
             let permit = this.permit.clone();
             let proven = move || permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
-            Ok(this.service.handle(req, proven).await)
+            Ok(this.service.handle(req, this.certified, proven).await)
         })
     }
 }
@@ -74,6 +84,26 @@ fn builder(config: &TransportConfig) -> hyper::server::conn::http2::Builder<Toki
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive);
     builder
+}
+
+type Io = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+
+/// The TLS handshake, within `timeout`, and the node the client certificate names.
+async fn tls_accept(tls: &ClusterTls, tcp: TcpStream, timeout: Duration) -> Result<(Io, Option<NodeId>), String> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server.clone());
+    let stream = tokio::time::timeout(timeout, acceptor.accept(tcp))
+        .await
+        .map_err(|_| format!("no TLS handshake within {timeout:?}"))?
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    // The verifier required a certificate from the cluster CA; it must also name a node.
+    let node = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(crate::tls::cluster::node_of_cert)
+        .ok_or("the client certificate names no node")?;
+    Ok((Either::Right(stream), Some(node)))
 }
 
 /// Resolves `auth_timeout` after the accept if the connection has not authenticated by then; never
@@ -114,10 +144,25 @@ pub async fn serve(
         // A refused connection is closed at once (dropped), before any HTTP/2 work.
         let Ok(permit) = gate.admit(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
-        let conn_service = ConnService { service: service.clone(), permit: Arc::new(Mutex::new(permit)) };
-        let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(tcp), conn_service));
+        let service = service.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let tls = service.config().tls.clone();
         tokio::spawn(async move {
+            let (io, certified) = match tls {
+                None => (Either::Left(tcp), None),
+                Some(tls) => match tls_accept(&tls, tcp, auth_timeout).await {
+                    Ok(accepted) => accepted,
+                    Err(why) => {
+                        metrics::counter!("twinhub_rpc_server_refused_total", "reason" => "tls").increment(1);
+                        tracing::debug!(%peer, "cluster connection refused: {why}");
+                        return;
+                    }
+                },
+            };
+            let conn_service = ConnService { service, permit: Arc::new(Mutex::new(permit)), certified };
+            let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
+            let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), conn_service));
             tokio::select! {
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, "cluster connection ended: {e}");

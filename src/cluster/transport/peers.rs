@@ -166,7 +166,7 @@ impl Peer {
 
     /// One connect attempt, bounded by the connect timeout; records the outcome in the slot.
     async fn connect_and_record(self: Arc<Self>, config: TransportConfig) -> Result<Conn, Arc<std::io::Error>> {
-        let result = match tokio::time::timeout(config.connect_timeout, connect(&self.addr, &config)).await {
+        let result = match tokio::time::timeout(config.connect_timeout, connect(&self.addr, self.node, &config)).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -228,11 +228,27 @@ fn backoff_delay(config: &TransportConfig, failures: u32) -> Duration {
     config.backoff_min.saturating_mul(1 << exp).min(config.backoff_max)
 }
 
-/// Opens TCP (no Nagle: Raft messages are small and latency-bound) and does the HTTP/2 handshake
-/// with prior knowledge (h2c). The connection is driven by its own task, which ends when it closes.
-async fn connect(addr: &str, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>> {
+/// Opens TCP (no Nagle: Raft messages are small and latency-bound), then TLS verifying that the
+/// other end holds node `node`'s certificate (unless the node runs in plaintext), and does the HTTP/2
+/// handshake (ALPN `h2`, or prior knowledge in plaintext). The connection is driven by its own task,
+/// which ends when it closes.
+async fn connect(addr: &str, node: NodeId, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>> {
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
+    match &config.tls {
+        None => handshake(tcp, addr, config).await,
+        Some(tls) => {
+            let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+            let stream = connector.connect(crate::tls::cluster::ClusterTls::server_name(node), tcp).await?;
+            handshake(stream, addr, config).await
+        }
+    }
+}
+
+async fn handshake<I>(io: I, addr: &str, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -242,7 +258,7 @@ async fn connect(addr: &str, config: &TransportConfig) -> std::io::Result<SendRe
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive)
         .keep_alive_while_idle(true);
-    let (sender, conn) = builder.handshake(TokioIo::new(tcp)).await.map_err(std::io::Error::other)?;
+    let (sender, conn) = builder.handshake(TokioIo::new(io)).await.map_err(std::io::Error::other)?;
     let addr = addr.to_string();
     tokio::spawn(async move {
         if let Err(e) = conn.await {

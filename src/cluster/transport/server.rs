@@ -133,6 +133,9 @@ enum Refusal {
     Version,
     #[error(transparent)]
     Auth(#[from] AuthError),
+    /// Signed as one member over a TLS connection certified as another.
+    #[error("signed as node {claimed} on a connection certified for node {certified}")]
+    Identity { claimed: NodeId, certified: NodeId },
 }
 
 impl Refusal {
@@ -143,7 +146,7 @@ impl Refusal {
             Refusal::Method(_) => RpcFailure::MethodNotAllowed,
             Refusal::NotFound => RpcFailure::NotFound,
             Refusal::Version => RpcFailure::ProtocolVersion { ours: wire::PROTOCOL_VERSION },
-            Refusal::Auth(_) => RpcFailure::Unauthorized,
+            Refusal::Auth(_) | Refusal::Identity { .. } => RpcFailure::Unauthorized,
         }
     }
 
@@ -153,6 +156,7 @@ impl Refusal {
             Refusal::Method(_) => "method",
             Refusal::NotFound => "not_found",
             Refusal::Version => "protocol_version",
+            Refusal::Identity { .. } => "identity",
             Refusal::Auth(e) => match e {
                 AuthError::Missing(_) => "missing",
                 AuthError::Malformed(_) => "malformed",
@@ -198,18 +202,19 @@ impl RaftRpcService {
 
     /// Handles one request; `proven` is called once it is known to come from a member (the listener
     /// then counts its connection as authenticated).
-    pub async fn handle(&self, req: Request<Incoming>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
-        self.inner.handle(req, proven).await
+    /// `certified` is the node the connection's TLS client certificate names (`None` without TLS).
+    pub async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
+        self.inner.handle(req, certified, proven).await
     }
 }
 
 impl Inner {
-    async fn handle(&self, req: Request<Incoming>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
+    async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let endpoint = Endpoint::parse(&path);
         let kind = endpoint.as_ref().map_or("unknown", Endpoint::label);
-        let outcome = self.dispatch(req, endpoint, proven).await;
+        let outcome = self.dispatch(req, endpoint, certified, proven).await;
         let from = match &outcome {
             Outcome::Answered { from, .. } => from.to_string(),
             Outcome::Refused(_) => "unknown".to_string(),
@@ -279,8 +284,8 @@ impl Inner {
     }
 
     /// Authenticates and runs a request.
-    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, proven: impl FnOnce()) -> Outcome {
-        let (claim, endpoint) = match self.authenticate(&req, endpoint) {
+    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>, proven: impl FnOnce()) -> Outcome {
+        let (claim, endpoint) = match self.authenticate(&req, endpoint, certified) {
             Ok(c) => c,
             Err(r) => return Outcome::Refused(r),
         };
@@ -307,7 +312,7 @@ impl Inner {
     }
 
     /// Steps 1–3 of the module doc: everything that needs no body.
-    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<Endpoint>) -> Result<(Claim, Endpoint), Refusal> {
+    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>) -> Result<(Claim, Endpoint), Refusal> {
         if req.method() != Method::POST {
             return Err(Refusal::Method(req.method().clone()));
         }
@@ -317,6 +322,11 @@ impl Inner {
         let now = unix_ms();
         let claim = Claim::from_headers(req.headers(), now)?;
         claim.verify_request(&self.secret, Method::POST.as_str(), &endpoint.path())?;
+        // Holding the secret is not enough to speak for another member: the certificate says who
+        // is on the other end of this connection.
+        if let Some(certified) = certified.filter(|c| *c != claim.node) {
+            return Err(Refusal::Identity { claimed: claim.node, certified });
+        }
         // Only after the MAC: nobody without the secret can put anything in the cache.
         self.nonces.admit(claim.node, claim.ts, claim.nonce, now)?;
         Ok((claim, endpoint))
