@@ -46,6 +46,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod failover;
 pub mod listen;
 pub mod peers;
 pub mod replay;
@@ -175,7 +176,7 @@ pub struct Transport {
 
 struct Inner {
     config: TransportConfig,
-    peers: PeerTable,
+    peers: Arc<PeerTable>,
     groups: LocalGroups,
     handlers: CallHandlers,
 }
@@ -190,7 +191,7 @@ impl Transport {
     pub fn new(config: TransportConfig) -> Transport {
         let inner = Inner {
             config,
-            peers: PeerTable::default(),
+            peers: Arc::new(PeerTable::default()),
             groups: LocalGroups::default(),
             handlers: CallHandlers::default(),
         };
@@ -223,7 +224,7 @@ impl Transport {
 
     /// The server side, dispatching to this transport's registries; run it with [`serve`].
     pub fn service(&self) -> RaftRpcService {
-        RaftRpcService::new(self.inner.config.clone(), self.inner.groups.clone(), self.inner.handlers.clone())
+        RaftRpcService::new(self.inner.config.clone(), self.inner.groups.clone(), self.inner.handlers.clone(), self.inner.peers.clone())
     }
 
     pub async fn append_entries(

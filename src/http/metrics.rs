@@ -96,6 +96,7 @@ fn register_defaults() {
         ("twinhub_rpc_server_refused_total", "Inter-node calls refused (bad signature, replay, unknown peer)."),
         ("twinhub_shard_leader_changes_total", "Leader changes seen by this node, by shard."),
         ("twinhub_shard_leader_transfers_total", "Leadership transfers started by the balancer, by shard."),
+        ("twinhub_shard_fast_elections_total", "Elections started at once because the leader's process was found gone, by shard."),
         ("twinhub_configuration_passes_total", "Passes of the configurations reconciler."),
         ("twinhub_configuration_twin_updates_total", "Twin updates written by automatic device configurations."),
     ];

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ChangeMembers;
+use openraft::Instant as _;
 
 use super::tail::{EventPage, EVENTS_CALL, LONG_POLL};
 use super::types::Node;
@@ -47,6 +48,9 @@ const META_TRANSFER_KEY: ShardId = ShardId::MAX;
 
 /// Entries a replica may lag before it is given leadership.
 const CAUGHT_UP: u64 = 100;
+/// A leadership target must have acknowledged the leader within this (heartbeats come every 100 ms
+/// by default).
+const RECENT_ACK: Duration = Duration::from_secs(1);
 
 /// Tasks a node runs next to its groups: event tails of shards hosted elsewhere.
 #[derive(Default)]
@@ -323,7 +327,13 @@ impl Shards {
             self.transfers.lock().unwrap_or_else(|e| e.into_inner()).settled(shard.id);
             return;
         };
-        if st.lag.get(&to).is_some_and(|lag| *lag < CAUGHT_UP) && self.may_transfer(shard.id) {
+        // Only to a replica that answered lately: right after a failover the new leader still lists
+        // the dead one with a small lag, and a transfer to it would stop writes again.
+        let answered_lately = {
+            let m = shard.raft.metrics().borrow_watched().clone();
+            m.heartbeat.as_ref().and_then(|h| h.get(&to).cloned().flatten()).is_some_and(|at| at.elapsed() < RECENT_ACK)
+        };
+        if answered_lately && st.lag.get(&to).is_some_and(|lag| *lag < CAUGHT_UP) && self.may_transfer(shard.id) {
             tracing::info!(shard = shard.id, to, "moving leadership to its preferred replica");
             metrics::counter!("twinhub_shard_leader_transfers_total", "shard" => shard.id.to_string()).increment(1);
             let _ = shard.raft.trigger().transfer_leader(to).await;

@@ -49,6 +49,8 @@ struct ConnService {
     permit: Arc<Mutex<ConnPermit>>,
     /// The node the TLS client certificate names.
     certified: Option<crate::ids::NodeId>,
+    /// The member whose requests this connection carries (the last authenticated sender).
+    member: Arc<Mutex<Option<NodeId>>>,
 }
 
 impl ConnService {
@@ -66,7 +68,11 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let this = self.clone();
         Box::pin(async move {
             let permit = this.permit.clone();
-            let proven = move || permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+            let member = this.member.clone();
+            let proven = move |node: NodeId| {
+                permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+                *member.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
+            };
             Ok(this.service.handle(req, this.certified, proven).await)
         })
     }
@@ -160,12 +166,20 @@ pub async fn serve(
                     }
                 },
             };
-            let conn_service = ConnService { service, permit: Arc::new(Mutex::new(permit)), certified };
+            let member = Arc::new(Mutex::new(None));
+            let conn_service = ConnService { service: service.clone(), permit: Arc::new(Mutex::new(permit)), certified, member: member.clone() };
             let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
             let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), conn_service));
             tokio::select! {
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(%peer, "cluster connection ended: {e}");
+                r = conn => {
+                    if let Err(e) = &r {
+                        tracing::debug!(%peer, "cluster connection ended: {e}");
+                    }
+                    // A member's connection ended: its process may be gone (see `failover`).
+                    let member = *member.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(node) = certified.or(member) {
+                        service.connection_closed(node);
+                    }
                 },
                 () = deadline => tracing::debug!(%peer, "cluster connection closed: not authenticated within {auth_timeout:?}"),
             }

@@ -120,6 +120,8 @@ struct Inner {
     groups: LocalGroups,
     handlers: CallHandlers,
     nonces: NonceCache,
+    /// Where the other nodes are: to probe a leader that seems gone (see `failover`).
+    peers: Arc<super::peers::PeerTable>,
 }
 
 /// Why a request is refused before it is known to come from a member: answered unsigned.
@@ -184,7 +186,7 @@ enum Outcome {
 static LAST_VERSION_WARNING: AtomicU64 = AtomicU64::new(0);
 
 impl RaftRpcService {
-    pub fn new(config: TransportConfig, groups: LocalGroups, handlers: CallHandlers) -> RaftRpcService {
+    pub fn new(config: TransportConfig, groups: LocalGroups, handlers: CallHandlers, peers: Arc<super::peers::PeerTable>) -> RaftRpcService {
         let inner = Inner {
             node_id: config.node_id,
             secret: config.secret.clone(),
@@ -192,6 +194,7 @@ impl RaftRpcService {
             groups,
             handlers,
             nonces: NonceCache::default(),
+            peers,
         };
         RaftRpcService { inner: Arc::new(inner) }
     }
@@ -202,14 +205,20 @@ impl RaftRpcService {
 
     /// Handles one request; `proven` is called once it is known to come from a member (the listener
     /// then counts its connection as authenticated).
-    /// `certified` is the node the connection's TLS client certificate names (`None` without TLS).
-    pub async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
+    /// `certified` is the node the connection's TLS client certificate names (`None` without TLS);
+    /// `proven` is called with the sender once the request is known to come from a member.
+    pub async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Response<Full<Bytes>> {
         self.inner.handle(req, certified, proven).await
+    }
+
+    /// A connection from member `node` ended (see `failover`).
+    pub fn connection_closed(&self, node: NodeId) {
+        super::failover::on_connection_closed(self.inner.node_id, node, self.inner.groups.clone(), self.inner.peers.clone());
     }
 }
 
 impl Inner {
-    async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce()) -> Response<Full<Bytes>> {
+    async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Response<Full<Bytes>> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let endpoint = Endpoint::parse(&path);
@@ -284,12 +293,12 @@ impl Inner {
     }
 
     /// Authenticates and runs a request.
-    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>, proven: impl FnOnce()) -> Outcome {
+    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Outcome {
         let (claim, endpoint) = match self.authenticate(&req, endpoint, certified) {
             Ok(c) => c,
             Err(r) => return Outcome::Refused(r),
         };
-        proven();
+        proven(claim.node);
         let (from, nonce) = (claim.node, claim.nonce);
         let answered = |result| Outcome::Answered { from, nonce, result };
         let limit = self.config.limits.for_endpoint(&endpoint);
@@ -362,8 +371,10 @@ impl Inner {
                 wire::encode(&resp)
             }
             RaftKind::Vote => {
-                let req: ShardRequest<_> = wire::decode(body).map_err(bad)?;
-                let resp = self.group(req.shard)?.vote(req.rpc).await.map_err(|e| stopped(req.shard, &e))?;
+                let mut req: ShardRequest<_> = wire::decode(body).map_err(bad)?;
+                let group = self.group(req.shard)?;
+                super::failover::vouch(&group, &self.peers, &mut req.rpc).await;
+                let resp = group.vote(req.rpc).await.map_err(|e| stopped(req.shard, &e))?;
                 wire::encode(&resp)
             }
             RaftKind::PreVote => {

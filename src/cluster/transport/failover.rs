@@ -1,0 +1,105 @@
+//! Fast failover: noticing a dead leader without waiting out the election timeout.
+//!
+//! When a node's process dies, its kernel closes its sockets at once: the followers see the leader's
+//! connections end within a millisecond. Raft alone would wait for the leader lease and a randomized
+//! election timeout (together 1.5–2 × the maximum timeout) before anyone campaigns. Here:
+//!
+//! 1. A connection from node N ends (the listener tells [`on_connection_closed`]). We *probe* N: a
+//!    TCP connect to its inter-node address. Only `ECONNREFUSED` — nothing listens there any more, the
+//!    process is gone — counts as dead; a timeout, an accepted connection or any other error leaves
+//!    everything to Raft's own timers. A partitioned, flapping or slow leader is never probed dead (a
+//!    dropped packet times out, it is not refused), so this cannot disrupt a healthy leader.
+//! 2. For every local group that still names N as leader and in which this node is a voter, the voters
+//!    other than N campaign in id order, the first at once and each next one a stagger later if no new
+//!    leader has appeared meanwhile (so they do not split the vote).
+//! 3. A voter asked for its vote while its lease on N is still valid would refuse (the lease protects a
+//!    live leader). [`vouch`] lets it grant the vote anyway, but only after its *own* probe of N is
+//!    refused — it never takes the candidate's word for it.
+//!
+//! Safety does not depend on any of this: Raft's vote and log rules still decide who wins, and reads
+//! go through the read index (a quorum round), not the lease, so a leader that is in fact alive can
+//! never serve a stale read because of an early election.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::async_runtime::watch::WatchReceiver;
+use openraft::raft::VoteRequest;
+
+use super::peers::PeerTable;
+use super::server::LocalGroups;
+use crate::ids::NodeId;
+use crate::shard::types::TypeConfig;
+
+/// Longest wait for a probe: a refused connect comes back in well under a millisecond on a LAN.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Between the campaigns of successive voters of one group.
+const STAGGER: Duration = Duration::from_millis(150);
+
+/// Is node `node` gone: does its inter-node address refuse connections?
+pub async fn probe_gone(peers: &PeerTable, node: NodeId) -> bool {
+    let Some(addr) = peers.addr(node) else { return false };
+    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+        // Accepted (alive), or no answer in time (partition, overload): Raft's timers decide.
+        _ => false,
+    }
+}
+
+/// A connection from `node` ended: if `node` is gone, campaign in the groups it led.
+pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers: Arc<PeerTable>) {
+    if node == me {
+        return;
+    }
+    // Only groups that still name `node` as leader matter; none, no probe.
+    let led: Vec<_> = groups.shards().into_iter().filter_map(|s| groups.get(s).map(|r| (s, r))).filter(|(_, r)| leader_of(r) == Some(node)).collect();
+    if led.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        if !probe_gone(&peers, node).await {
+            return;
+        }
+        tracing::info!(node, groups = led.len(), "leader's process is gone (connection refused): campaigning without waiting for the election timeout");
+        for (shard, raft) in led {
+            let voters: Vec<NodeId> = {
+                let m = raft.metrics().borrow_watched().clone();
+                m.membership_config.membership().voter_ids().filter(|v| *v != node).collect()
+            };
+            let Some(rank) = voters.iter().position(|v| *v == me) else { continue };
+            tokio::spawn(async move {
+                tokio::time::sleep(STAGGER * rank as u32).await;
+                if leader_of(&raft) != Some(node) {
+                    return;
+                }
+                metrics::counter!("twinhub_shard_fast_elections_total", "shard" => shard.to_string()).increment(1);
+                tracing::info!(shard, dead_leader = node, rank, "campaigning: the leader's process is gone");
+                if let Err(e) = raft.trigger().elect(false).await {
+                    tracing::warn!(shard, "could not start an election: {e}");
+                }
+            });
+        }
+    });
+}
+
+/// Lets this voter grant `req` during its lease on a leader that its own probe finds gone (see the
+/// module doc). Changes nothing otherwise.
+pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mut VoteRequest<TypeConfig>) {
+    if req.leadership_transfer {
+        return;
+    }
+    let m = raft.metrics().borrow_watched().clone();
+    let candidate = req.vote.leader_id().node_id;
+    let Some(leader) = m.current_leader else { return };
+    if leader == candidate || leader == m.id || req.vote.leader_id().term <= m.current_term {
+        return;
+    }
+    if probe_gone(peers, leader).await {
+        tracing::info!(candidate, dead_leader = leader, "granting an early vote: the leader's process is gone");
+        req.leadership_transfer = true;
+    }
+}
+
+fn leader_of(raft: &crate::shard::types::Raft) -> Option<NodeId> {
+    raft.metrics().borrow_watched().current_leader
+}
