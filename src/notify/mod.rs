@@ -316,7 +316,25 @@ impl Hub {
     /// The sink to give the shards.
     pub fn sink(self: &Arc<Self>) -> EventSink {
         let hub = self.clone();
-        EventSink(Arc::new(move |shard, events| hub.publish(shard, events)))
+        let gaps = self.clone();
+        EventSink { publish: Arc::new(move |shard, events| hub.publish(shard, events)), gap: Arc::new(move |shard| gaps.gap(shard)) }
+    }
+
+    /// Some change events of `shard` were lost to this node (its tail fell behind): every feed consumer
+    /// is told to resync at the current position instead of silently missing them. (A consumer that
+    /// follows other twins only gets a resync it did not need: harmless.)
+    pub fn gap(&self, shard: ShardId) {
+        let mut st = lock(&self.feed);
+        let position = self.position(st.seq);
+        let n = st.consumers.len();
+        for c in st.consumers.values_mut() {
+            c.queue.clear();
+            c.mode = Mode::Live;
+            c.resync = Some((position.clone(), format!("change events of shard {shard} could not be fetched from its replicas")));
+            c.notify.notify_one();
+        }
+        drop(st);
+        metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "tail_gap").increment(n as u64);
     }
 
     fn position(&self, seq: u64) -> String {

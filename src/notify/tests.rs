@@ -677,3 +677,24 @@ async fn the_ring_is_bounded_by_bytes_too() {
     let mut recent = hub.changes(Some(&format!("{epoch}-15")));
     assert_eq!(next_event(&mut recent).await.body["version"], 17);
 }
+
+#[tokio::test]
+async fn a_tail_gap_resyncs_every_consumer_instead_of_skipping_silently() {
+    let hub = hub();
+    let mut f = hub.changes(None);
+    hub.publish(0, &[tags_change(&TwinId::device("d1".to_string()), 2, json!({}))]);
+    // Events of shard 5 were lost to this node (its tail fell behind): what was pending goes, and the
+    // consumer hears a resync at the current position before anything else.
+    (hub.sink().gap)(5);
+    match next_item(&mut f).await {
+        Some(FeedItem::Resync { position, reason }) => {
+            assert_eq!(position, hub.head());
+            assert!(reason.contains("shard 5"), "{reason}");
+        }
+        other => panic!("expected a resync, got {other:?}"),
+    }
+    // Then it carries on live.
+    hub.publish(0, &[tags_change(&TwinId::device("d2".to_string()), 2, json!({}))]);
+    assert_eq!(next_event(&mut f).await.device_id, "d2");
+    assert_idle(f.next()).await;
+}

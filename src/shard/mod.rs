@@ -85,7 +85,13 @@ pub struct ShardsConfig {
 /// the command is committed. Called on the state machine's task, so it must not block; the notification
 /// hub only queues.
 #[derive(Clone)]
-pub struct EventSink(pub Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>);
+pub struct EventSink {
+    /// Events of applied entries, in log order per shard.
+    pub publish: Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>,
+    /// Some events of the shard could not be had (a tail fell behind its replica's ring): whoever
+    /// follows them must be told rather than left with a silent gap.
+    pub gap: Arc<dyn Fn(ShardId) + Send + Sync>,
+}
 
 impl std::fmt::Debug for EventSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -459,7 +465,7 @@ impl Shards {
                 let rings = self.rings.clone();
                 Some(Arc::new(move |index: u64, events: &[crate::model::Event]| {
                     rings.record(id, index, events);
-                    (hub.0)(id, events);
+                    (hub.publish)(id, events);
                 }))
             }
             _ => None,

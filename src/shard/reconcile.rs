@@ -423,11 +423,12 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
             Ok(page) => {
                 if page.gap {
                     metrics::counter!("twinhub_event_tail_gaps_total").increment(1);
-                    tracing::warn!(shard = id, node, "event tail fell behind: some change events were skipped");
+                    tracing::warn!(shard = id, node, "event tail fell behind: some change events were skipped; feed consumers are told to resync");
+                    (sink.gap)(id);
                 }
                 let mut last = cursor;
                 for (index, events) in page.events() {
-                    (sink.0)(id, &events);
+                    (sink.publish)(id, &events);
                     last = Some(index);
                 }
                 if let Some((index, _)) = page.entries.last() {

@@ -7,8 +7,9 @@
 //! its replicas with a long poll and hands the events to its notification hub, in log order.
 //!
 //! If a tailing node falls behind the ring (or its replica restarted and lost the ring), the page says
-//! so (`gap`): the events in between are not replayed. Devices re-read their twin on reconnect and
-//! feed consumers resync, as after any queue overflow; the gap is logged and counted.
+//! so (`gap`): the events in between are not replayed. The node's change-feed consumers are then told
+//! to resync (never a silent gap); devices re-read their twin on reconnect. The gap is logged and
+//! counted.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
