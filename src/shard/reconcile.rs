@@ -397,6 +397,7 @@ async fn notify_dropped(me: Weak<Shards>, shard: ShardId, node: NodeId) {
 async fn tail(shards: Weak<Shards>, id: ShardId) {
     let mut cursor: Option<u64> = None;
     let mut attempt = 0usize;
+    let mut touched: Option<std::time::Instant> = None;
     loop {
         let Some(s) = shards.upgrade() else { return };
         if s.local(id).is_some() {
@@ -413,6 +414,17 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
+        // Keep the other replicas' rings recording too (a ring nobody reads stops), so that when this
+        // one fails or restarts the tail goes on from another without a gap.
+        if touched.is_none_or(|t| t.elapsed() >= super::tail::TOUCH_EVERY) {
+            touched = Some(std::time::Instant::now());
+            for other in route.replicas.iter().copied().filter(|r| *r != node) {
+                let (t, body) = (t.clone(), postcard::to_allocvec(&(id, None::<u64>)).unwrap_or_default());
+                tokio::spawn(async move {
+                    let _ = t.call(other, EVENTS_CALL, body.into(), Some(Duration::from_secs(3))).await;
+                });
+            }
+        }
         let Ok(body) = postcard::to_allocvec(&(id, cursor)) else { return };
         let answer = t.call(node, EVENTS_CALL, body.into(), Some(LONG_POLL + Duration::from_secs(3))).await;
         let page = answer

@@ -6,6 +6,8 @@
 //! can switch replicas without losing its place); a node tails each shard it does not host from one of
 //! its replicas with a long poll and hands the events to its notification hub, in log order.
 //!
+//! A tailing node reads from one replica and touches the others every [`TOUCH_EVERY`], so all of them
+//! keep recording and a switch to another replica (its source died) continues at the same index.
 //! If a tailing node falls behind the ring (or its replica restarted and lost the ring), the page says
 //! so (`gap`): the events in between are not replayed. The node's change-feed consumers are then told
 //! to resync (never a silent gap); devices re-read their twin on reconnect. The gap is logged and
@@ -31,6 +33,9 @@ const RING_BYTES: usize = 8 << 20;
 /// A ring nobody has read for this long stops recording and is emptied: on a cluster where every
 /// node hosts every shard nobody tails, and the ring would only cost memory.
 const IDLE_AFTER: Duration = Duration::from_secs(60);
+
+/// How often a tailing node touches the replicas it does not read from, keeping their rings recording.
+pub const TOUCH_EVERY: Duration = Duration::from_secs(20);
 
 /// How long a tail request waits for new events before answering an empty page.
 pub const LONG_POLL: Duration = Duration::from_secs(2);
