@@ -272,8 +272,17 @@ impl Cluster {
                 .as_array()
                 .map(|a| a.iter().filter_map(Value::as_u64).collect())
                 .unwrap_or_default();
-            let Some((leader, _)) = self.agreed_leader(shard, &ids).await else { return false };
-            let Some(s) = self.shard_status(leader, shard).await else { return false };
+            // The view of the node that leads the shard (highest term if two claim it): a leadership
+            // move may be under way, so not every node need agree on the leader at this instant.
+            let mut lead: Option<Value> = None;
+            for id in &ids {
+                if let Some(st) = self.shard_status(*id, shard).await {
+                    if st["is_leader"] == true && lead.as_ref().is_none_or(|l| l["term"].as_u64() < st["term"].as_u64()) {
+                        lead = Some(st);
+                    }
+                }
+            }
+            let Some(s) = lead else { return false };
             let voters: Vec<u64> = s["voters"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
             if voters != want || s["learners"].as_array().is_some_and(|l| !l.is_empty()) {
                 return false;
