@@ -60,7 +60,11 @@ async fn settle(c: &Cluster) -> BTreeMap<u64, (u64, u64)> {
         if let Some(l) = c.leaders(&ids).await {
             return l.into_iter().map(|(s, v)| (u64::from(s), v)).collect();
         }
-        assert!(started.elapsed() < SETTLE_LIMIT, "the cluster did not settle within {SETTLE_LIMIT:?} (logs under {})", c.dir.display());
+        assert!(
+            started.elapsed() < SETTLE_LIMIT,
+            "the cluster did not settle within {SETTLE_LIMIT:?} (logs under {})",
+            c.dir.display()
+        );
     }
 }
 
@@ -181,8 +185,12 @@ async fn run() {
         }
         let killed = Instant::now();
         c.kill9(victim);
-        let killed_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-        eprintln!("round {round}: killed node {victim}, leader of shard {shard} (term {}), writing through {via:?}", leaders[&shard].1);
+        let killed_unix_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        eprintln!(
+            "round {round}: killed node {victim}, leader of shard {shard} (term {}), writing through {via:?}",
+            leaders[&shard].1
+        );
 
         // Until a write sent after the kill is acknowledged (or the limit).
         let resumed = loop {
@@ -246,7 +254,10 @@ async fn run() {
     gap.sort_by(f64::total_cmp);
     let failed = results.iter().filter(|r| r.unavailable_ms.is_none()).count();
     println!();
-    println!("write unavailability after SIGKILL of a shard leader, {} rounds ({failed} without recovery):", results.len());
+    println!(
+        "write unavailability after SIGKILL of a shard leader, {} rounds ({failed} without recovery):",
+        results.len()
+    );
     println!(
         "  kill → first ack          p50 {:.0} ms | p99 {:.0} ms | max {:.0} ms",
         percentile(&un, 0.5),

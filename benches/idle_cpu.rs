@@ -63,7 +63,15 @@ fn main() {
     let mut rows = Vec::new();
     let mut total_core = 0.0;
     println!();
-    println!("{:<6} {:>8} {:>12} {:>14} {:>9} {:>8}", "node", "pid", "% of 1 core", format!("% of {cores} cores"), "RSS MiB", "threads");
+    println!(
+        "{:<6} {:>8} {:>12} {:>14} {:>9} {:>8}",
+        "node",
+        "pid",
+        "% of 1 core",
+        format!("% of {cores} cores"),
+        "RSS MiB",
+        "threads"
+    );
     for (i, (id, pid)) in nodes.iter().enumerate() {
         let cpu_s = after[i] - before[i];
         let core_pct = cpu_s / elapsed * 100.0;

@@ -40,7 +40,10 @@ fn arg(flag: &str, env: &str, default: u64) -> u64 {
 /// A device that answers every method call with status 200 and the call's payload.
 async fn answering_device(port: u16, id: String, key: String) -> AsyncClient {
     let mut o = MqttOptions::new(id.clone(), "127.0.0.1", port);
-    o.set_credentials(format!("localhost/{id}/?api-version=2021-04-12"), device_token("localhost", &id, None, &key, unix_now() + 3600));
+    o.set_credentials(
+        format!("localhost/{id}/?api-version=2021-04-12"),
+        device_token("localhost", &id, None, &key, unix_now() + 3600),
+    );
     o.set_keep_alive(Duration::from_secs(60));
     o.set_clean_session(true);
     let (client, mut el) = AsyncClient::new(o, 256);
@@ -75,7 +78,8 @@ async fn methods(srv: &Server, api: &Api, devices: usize, calls: usize, callers:
     for i in 0..devices {
         let id = format!("m{i:04}");
         let doc = api.must_create_device(&id).await;
-        let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("key").to_string();
+        let key =
+            doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("key").to_string();
         clients.push(answering_device(srv.mqtt_plain_port, id.clone(), key).await);
         ids.push(id);
     }

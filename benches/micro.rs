@@ -66,7 +66,9 @@ fn validate(c: &mut Criterion) {
     for keys in [1usize, 10, 100] {
         let body = patch(keys, 1);
         g.throughput(Throughput::Bytes(body.to_string().len() as u64));
-        g.bench_function(format!("{keys}_leaves"), |b| b.iter(|| validate_twin_patch(black_box(&body)).expect("valid")));
+        g.bench_function(format!("{keys}_leaves"), |b| {
+            b.iter(|| validate_twin_patch(black_box(&body)).expect("valid"))
+        });
     }
     g.finish();
 }

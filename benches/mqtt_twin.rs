@@ -111,7 +111,11 @@ fn main() {
 /// What a device's event-loop task reports.
 enum Msg {
     /// An incoming PUBLISH and when the event loop handed it over.
-    Publish { at: Instant, topic: String, payload: Vec<u8> },
+    Publish {
+        at: Instant,
+        topic: String,
+        payload: Vec<u8>,
+    },
     SubAck,
 }
 
@@ -225,12 +229,12 @@ impl Device {
         self.next_rid += 1;
         let rid = self.next_rid.to_string();
         let topic = format!("$iothub/twin/PATCH/properties/reported/?$rid={rid}");
-        self.client
-            .publish(topic, qos, false, serde_json::to_vec(body).unwrap())
-            .await
-            .expect("queue PUBLISH");
+        self.client.publish(topic, qos, false, serde_json::to_vec(body).unwrap()).await.expect("queue PUBLISH");
         let m = self
-            .wait(|m| matches!(m, Msg::Publish { topic, .. } if response_rid(topic) == Some(rid.as_str())), "twin response")
+            .wait(
+                |m| matches!(m, Msg::Publish { topic, .. } if response_rid(topic) == Some(rid.as_str())),
+                "twin response",
+            )
             .await;
         let Msg::Publish { topic, .. } = m else { unreachable!() };
         response_status(&topic).unwrap_or_else(|| panic!("malformed response topic {topic}"))
@@ -366,7 +370,12 @@ async fn run(cfg: Config) -> bool {
 }
 
 async fn phase_reported(cfg: &Config, devices: Vec<Device>) -> Vec<Device> {
-    eprintln!("(a) reported patches: {} devices, closed loop, {}s warm-up + {}s", devices.len(), cfg.warmup, cfg.duration);
+    eprintln!(
+        "(a) reported patches: {} devices, closed loop, {}s warm-up + {}s",
+        devices.len(),
+        cfg.warmup,
+        cfg.duration
+    );
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let recording = Arc::new(AtomicBool::new(false));
@@ -417,7 +426,10 @@ async fn phase_reported(cfg: &Config, devices: Vec<Device>) -> Vec<Device> {
         devices.push(dev);
     }
     println!();
-    println!("(a) reported patches over MQTT, {} devices, closed loop (PUBLISH → $iothub/twin/res/204):", devices.len());
+    println!(
+        "(a) reported patches over MQTT, {} devices, closed loop (PUBLISH → $iothub/twin/res/204):",
+        devices.len()
+    );
     println!("  patches    {} in {:.1}s, non-204 answers {}", h.len(), elapsed, errors.load(Ordering::Relaxed));
     println!("  throughput {:.0} patches/s", h.len() as f64 / elapsed);
     println!(
@@ -457,8 +469,9 @@ async fn phase_desired(cfg: &Config, api: &Api, mut devices: Vec<Device>) -> Vec
             )
             .await;
         let Msg::Publish { at, payload, .. } = m else { unreachable!() };
-        let pushed: Value = serde_json::from_slice(&payload)
-            .unwrap_or_else(|e| panic!("desired push for {} is not JSON ({e}): {:?}", dev.id, String::from_utf8_lossy(&payload)));
+        let pushed: Value = serde_json::from_slice(&payload).unwrap_or_else(|e| {
+            panic!("desired push for {} is not JSON ({e}): {:?}", dev.id, String::from_utf8_lossy(&payload))
+        });
         assert_eq!(pushed["seq"], json!(i), "device {} got the wrong desired push: {pushed}", dev.id);
         assert_eq!(pushed["$version"], json!(version), "push body $version differs from the topic's: {pushed}");
         http.saturating_record((acked - sent).as_micros().max(1) as u64);
@@ -554,9 +567,7 @@ async fn phase_burst(cfg: &Config, api: &Api, port: u16, key: &str) -> bool {
                 if i >= k {
                     break;
                 }
-                let twin = api
-                    .must_patch_twin("burst0", &json!({"properties": {"desired": {"burst": i}}}))
-                    .await;
+                let twin = api.must_patch_twin("burst0", &json!({"properties": {"desired": {"burst": i}}})).await;
                 committed.push((desired_version_of(&twin), i));
                 sent.fetch_add(1, Ordering::Relaxed);
             }
@@ -569,7 +580,11 @@ async fn phase_burst(cfg: &Config, api: &Api, port: u16, key: &str) -> bool {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let s = sent.load(Ordering::Relaxed);
-                eprintln!("  {:>5.1}s  committed {s} / {k}  pushes received {}", started.elapsed().as_secs_f64(), seen.lock().unwrap().len());
+                eprintln!(
+                    "  {:>5.1}s  committed {s} / {k}  pushes received {}",
+                    started.elapsed().as_secs_f64(),
+                    seen.lock().unwrap().len()
+                );
             }
         })
     };

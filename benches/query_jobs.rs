@@ -227,9 +227,14 @@ async fn load(c: &Cluster, twins: u64, job_twins: u64, clients: usize) -> LoadRe
                 // A retried call may find devices made by an attempt whose answer was lost.
                 let only_existing = |r: &Resp| {
                     r.status == 400
-                        && r.json()["errors"].as_array().is_some_and(|e| !e.is_empty() && e.iter().all(|e| e["errorCode"] == "DeviceAlreadyExists"))
+                        && r.json()["errors"]
+                            .as_array()
+                            .is_some_and(|e| !e.is_empty() && e.iter().all(|e| e["errorCode"] == "DeviceAlreadyExists"))
                 };
-                let res = with_retries(&api, "POST", "/devices", &Value::Array(entries), &errors, |r, a| r.status == 200 || (a > 0 && only_existing(r))).await;
+                let res = with_retries(&api, "POST", "/devices", &Value::Array(entries), &errors, |r, a| {
+                    r.status == 200 || (a > 0 && only_existing(r))
+                })
+                .await;
                 if let Err(e) = res {
                     eprintln!("load: {e}");
                     let mut er = errors.lock().unwrap();
@@ -328,7 +333,11 @@ async fn run_query(api: &Api, node: u64) -> Result<QueryRun, String> {
         }
         pages += 1;
         first_page_ms.get_or_insert(started.elapsed().as_secs_f64() * 1000.0);
-        let rows = r.json.as_ref().and_then(Value::as_array).ok_or_else(|| format!("page {pages}: not an array: {}", r.text))?;
+        let rows = r
+            .json
+            .as_ref()
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("page {pages}: not an array: {}", r.text))?;
         for row in rows {
             ids.push(row["deviceId"].as_str().ok_or_else(|| format!("row without deviceId: {row}"))?.to_string());
         }
@@ -382,8 +391,11 @@ async fn leader_changes(c: &Cluster) -> BTreeMap<String, u64> {
 
 /// `after - before` per group, and the total.
 fn changes_between(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> (u64, BTreeMap<String, u64>) {
-    let per: BTreeMap<String, u64> =
-        after.iter().map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0)))).filter(|(_, v)| *v > 0).collect();
+    let per: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v.saturating_sub(before.get(k).copied().unwrap_or(0))))
+        .filter(|(_, v)| *v > 0)
+        .collect();
     (per.values().sum(), per)
 }
 
@@ -437,7 +449,14 @@ async fn run() {
         ld.errors.gave_up.len()
     );
     if !ld.errors.gave_up.is_empty() {
-        wrong(c, format!("{} twins could not be loaded, e.g. {:?}", ld.errors.gave_up.len(), &ld.errors.gave_up[..ld.errors.gave_up.len().min(5)]));
+        wrong(
+            c,
+            format!(
+                "{} twins could not be loaded, e.g. {:?}",
+                ld.errors.gave_up.len(),
+                &ld.errors.gave_up[..ld.errors.gave_up.len().min(5)]
+            ),
+        );
     }
     let (mem_loaded, line) = memory(&c, twins, &data_dirs);
     println!("memory after loading {twins} twins (every node holds all of them):{line}");
@@ -505,8 +524,13 @@ async fn run() {
     let api1 = c.api_with_timeout(1, Duration::from_secs(120));
     // 100 random matching twins and 20 non-matching ones, with their desired $version before the job.
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x9e37_79b9);
-    let mut sample: Vec<u64> = (0..job_twins).collect::<Vec<_>>().choose_multiple(&mut rng, 100.min(job_twins as usize)).copied().collect();
-    let others: Vec<u64> = (job_twins..twins).collect::<Vec<_>>().choose_multiple(&mut rng, 20.min((twins - job_twins) as usize)).copied().collect();
+    let mut sample: Vec<u64> =
+        (0..job_twins).collect::<Vec<_>>().choose_multiple(&mut rng, 100.min(job_twins as usize)).copied().collect();
+    let others: Vec<u64> = (job_twins..twins)
+        .collect::<Vec<_>>()
+        .choose_multiple(&mut rng, 20.min((twins - job_twins) as usize))
+        .copied()
+        .collect();
     sample.sort();
     let mut before: BTreeMap<u64, Value> = BTreeMap::new();
     for i in sample.iter().chain(others.iter()) {
@@ -576,7 +600,12 @@ async fn run() {
         || stats["succeededCount"].as_u64() != Some(job_twins)
         || stats["failedCount"].as_u64() != Some(0)
     {
-        wrong(c, format!("job: expected completed with deviceCount = succeededCount = {job_twins}, failedCount = 0; got {done}"));
+        wrong(
+            c,
+            format!(
+                "job: expected completed with deviceCount = succeededCount = {job_twins}, failedCount = 0; got {done}"
+            ),
+        );
     }
     for i in sample.iter().chain(others.iter()) {
         let id = device_id(*i);
@@ -585,7 +614,10 @@ async fn run() {
         let (v0, v1) = (desired_version(b), desired_version(&t));
         let hit = *i < job_twins;
         let good = if hit {
-            t["properties"]["desired"]["fw"] == "2.0" && v1 == v0 + 1 && v1 == 2 && twin_version(&t) == twin_version(b) + 1
+            t["properties"]["desired"]["fw"] == "2.0"
+                && v1 == v0 + 1
+                && v1 == 2
+                && twin_version(&t) == twin_version(b) + 1
         } else {
             twin_state(&t) == twin_state(b)
         };
@@ -602,7 +634,11 @@ async fn run() {
             );
         }
     }
-    println!("job: {} matching twins have desired fw \"2.0\" at desired $version 2 (one update), {} others unchanged", sample.len(), others.len());
+    println!(
+        "job: {} matching twins have desired fw \"2.0\" at desired $version 2 (one update), {} others unchanged",
+        sample.len(),
+        others.len()
+    );
     let (mem_job, line) = memory(&c, twins, &data_dirs);
     println!("memory after the job:{line}");
     c.assert_no_panics();
@@ -638,7 +674,14 @@ async fn run() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|n| format!("node {} {:.0} MiB ({:.0} B/twin)", n["node"], n["rss_mib"].as_f64().unwrap_or(0.0), n["rss_bytes_per_twin"].as_f64().unwrap_or(0.0)))
+            .map(|n| {
+                format!(
+                    "node {} {:.0} MiB ({:.0} B/twin)",
+                    n["node"],
+                    n["rss_mib"].as_f64().unwrap_or(0.0),
+                    n["rss_bytes_per_twin"].as_f64().unwrap_or(0.0)
+                )
+            })
             .collect();
         println!("  {name}  {}", parts.join(" | "));
     }

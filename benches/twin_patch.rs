@@ -129,7 +129,8 @@ async fn run(cfg: Config) {
             let mut i: u64 = 0;
             while !stop.load(Ordering::Relaxed) {
                 let dev = (c + (i as usize) * 7919) % devices;
-                let body = serde_json::to_vec(&json!({"properties": {"desired": {"counter": i, "client": c}}})).unwrap();
+                let body =
+                    serde_json::to_vec(&json!({"properties": {"desired": {"counter": i, "client": c}}})).unwrap();
                 let start = Instant::now();
                 let r = api.try_send_raw("PATCH", &format!("/twins/bench{dev}"), Some(body), &[]).await;
                 let us = start.elapsed().as_micros() as u64;
@@ -166,11 +167,7 @@ async fn run(cfg: Config) {
     for s in 1..=cfg.duration {
         tokio::time::sleep_until((started + Duration::from_secs(s)).into()).await;
         let now = done.load(Ordering::Relaxed);
-        println!(
-            "  {s:>3}s  {:>8} PATCH/s  total {now}  errors {}",
-            now - last,
-            errors.load(Ordering::Relaxed)
-        );
+        println!("  {s:>3}s  {:>8} PATCH/s  total {now}  errors {}", now - last, errors.load(Ordering::Relaxed));
         last = now;
     }
     recording.store(false, Ordering::Relaxed);

@@ -47,9 +47,7 @@ pub async fn marked_twins(twins: &Twins) -> Result<BTreeMap<String, BTreeMap<Str
             let marks = row["configurations"]
                 .as_object()
                 .map(|m| {
-                    m.iter()
-                        .filter_map(|(id, v)| v["status"].as_str().map(|s| (id.clone(), s.to_string())))
-                        .collect()
+                    m.iter().filter_map(|(id, v)| v["status"].as_str().map(|s| (id.clone(), s.to_string()))).collect()
                 })
                 .unwrap_or_default();
             Some((device, marks))
@@ -133,7 +131,10 @@ async fn pass(twins: &Twins, configs: &ConfigsState) -> Result<usize, ShardError
 
 /// `systemMetrics.results` and `metrics.results` of each configuration (by id): devices targeted now,
 /// twins that applied it, and the row count of each user metric query.
-pub async fn metric_results(twins: &Twins, configs: &[&crate::model::config::Configuration]) -> Result<BTreeMap<String, (Value, Value)>, ShardError> {
+pub async fn metric_results(
+    twins: &Twins,
+    configs: &[&crate::model::config::Configuration],
+) -> Result<BTreeMap<String, (Value, Value)>, ShardError> {
     let marked = if configs.is_empty() { BTreeMap::new() } else { marked_twins(twins).await? };
     let mut out = BTreeMap::new();
     for c in configs {

@@ -151,7 +151,12 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
     };
     if let Some(login) = &login {
         if let Ok(u) = parse_username(&login.username) {
-            let _ = (u.param("api-version"), u.param("DeviceClientType"), u.param("model-id"), u.identity == Some(id.clone()));
+            let _ = (
+                u.param("api-version"),
+                u.param("DeviceClientType"),
+                u.param("model-id"),
+                u.identity == Some(id.clone()),
+            );
         }
         if let Ok(token) = SasToken::parse(&login.password) {
             let creds = device_credentials();
@@ -195,7 +200,10 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
                     }
                     Inbound::MethodResponse { rid, .. } => {
                         let answer = crate::mqtt::methods::answer_json(&p.payload);
-                        assert!(serde_json::from_str::<Value>(&answer).is_ok(), "method answer {answer:?} for {rid:?} is not JSON");
+                        assert!(
+                            serde_json::from_str::<Value>(&answer).is_ok(),
+                            "method answer {answer:?} for {rid:?} is not JSON"
+                        );
                     }
                     Inbound::NoRid { .. } | Inbound::Telemetry | Inbound::BadMethodResponse(_) => {}
                     Inbound::OutOfScope(_) => break,
@@ -205,7 +213,8 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
                 }
             }
             Packet::Subscribe(s, _) => {
-                let granted: Vec<Option<u8>> = s.filters.iter().map(|f| session.subscribe(&f.path, f.qos as u8)).collect();
+                let granted: Vec<Option<u8>> =
+                    s.filters.iter().map(|f| session.subscribe(&f.path, f.qos as u8)).collect();
                 let _ = session.delivery_qos(&topics::desired_topic(3));
                 let _ = session.delivery_qos(&topics::response_topic(200, "1", None));
                 codec.encode(Out::SubAck { pkid: s.pkid, granted }, &mut out);
@@ -342,7 +351,14 @@ fn http_router() -> axum::Router {
     static ROUTER: OnceLock<axum::Router> = OnceLock::new();
     ROUTER
         .get_or_init(|| {
-            let state = Arc::new(crate::http::AppState { twins: None, hub: None, policies: policies(), host: HOST.into(), mqtt_ws: None, methods: None });
+            let state = Arc::new(crate::http::AppState {
+                twins: None,
+                hub: None,
+                policies: policies(),
+                host: HOST.into(),
+                mqtt_ws: None,
+                methods: None,
+            });
             crate::http::router(state)
         })
         .clone()
@@ -472,7 +488,8 @@ pub fn cluster_wire(data: &[u8]) {
 /// apart because the header scheme changes independently of the wire format.
 fn cluster_auth_headers(data: &[u8]) {
     use crate::cluster::transport::auth::{
-        Claim, ClusterSecret, Nonce, HEADER_BODY_LEN, HEADER_BODY_SHA256, HEADER_NODE, HEADER_NONCE, HEADER_SIG, HEADER_TS,
+        Claim, ClusterSecret, Nonce, HEADER_BODY_LEN, HEADER_BODY_SHA256, HEADER_NODE, HEADER_NONCE, HEADER_SIG,
+        HEADER_TS,
     };
 
     const NOW_MS: u64 = NOW_SECS as u64 * 1000;

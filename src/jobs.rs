@@ -147,7 +147,13 @@ async fn run_job(twins: &Twins, methods: Option<&Methods>, job: &Job) -> Result<
         let done = done_before + w.prefix as u64;
         JobOp::Checkpoint {
             job_id: spec.job_id.clone(),
-            stats: JobStats { device_count: total, succeeded: done, failed: 0, running: running as u64, pending: total.saturating_sub(done) },
+            stats: JobStats {
+                device_count: total,
+                succeeded: done,
+                failed: 0,
+                running: running as u64,
+                pending: total.saturating_sub(done),
+            },
             cursor: w.prefix.checked_sub(1).and_then(|i| remaining.get(i)).cloned(),
         }
     };
@@ -166,7 +172,10 @@ async fn run_job(twins: &Twins, methods: Option<&Methods>, job: &Job) -> Result<
                 break;
             }
             if deadline.is_some_and(|d| now_ms() > d) {
-                stop = Some((JobStatus::Failed, Some(format!("the job ran longer than maxExecutionTimeInSeconds ({})", spec.max_execution_secs))));
+                stop = Some((
+                    JobStatus::Failed,
+                    Some(format!("the job ran longer than maxExecutionTimeInSeconds ({})", spec.max_execution_secs)),
+                ));
                 break;
             }
         }
@@ -270,7 +279,8 @@ async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<JobCurso
 
 /// (succeeded, failed) device rows of a job, counted on every shard.
 async fn outcome_counts(twins: &Twins, job_id: &str) -> Result<(u64, u64), ShardError> {
-    let text = format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = {} GROUP BY status", query::quote(job_id));
+    let text =
+        format!("SELECT status, COUNT() AS n FROM devices.jobs WHERE jobId = {} GROUP BY status", query::quote(job_id));
     let (mut ok, mut failed) = (0, 0);
     for g in twins.aggregate(&text).await? {
         let n = g["n"].as_u64().unwrap_or(0);

@@ -16,7 +16,6 @@ use crate::shard::{ShardError, Shards, ShardsConfig};
 use crate::tls::{CertSource, TlsError};
 use crate::twin::{Twins, TwinsConfig};
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("data directory {path}: {source}")]
@@ -119,7 +118,13 @@ impl Node {
                     transport.peers().set(*id, addr.clone());
                 }
                 let (l, a) = bind(c.listen).await?;
-                tokio::spawn(crate::cluster::transport::serve(l, transport.service(), gates.cluster.clone(), gates.limits.handshake_timeout, stop.child_token()));
+                tokio::spawn(crate::cluster::transport::serve(
+                    l,
+                    transport.service(),
+                    gates.cluster.clone(),
+                    gates.limits.handshake_timeout,
+                    stop.child_token(),
+                ));
                 (Some(transport), Some(a))
             }
         };
@@ -164,7 +169,14 @@ impl Node {
         });
         let app = crate::http::router(state);
         let plain_tls = without_alpn(&tls);
-        let http = tokio::spawn(crate::http::serve(listener, tls, app, gates.https.clone(), gates.limits.clone(), stop.clone().cancelled_owned()));
+        let http = tokio::spawn(crate::http::serve(
+            listener,
+            tls,
+            app,
+            gates.https.clone(),
+            gates.limits.clone(),
+            stop.clone().cancelled_owned(),
+        ));
         let mut tasks = vec![tokio::spawn(mqtt.clone().serve(mqtt_listener, Some(mqtt_tls), stop.clone()))];
         if let Some((l, _)) = mqtt_plain {
             tasks.push(tokio::spawn(mqtt.serve(l, None, stop.clone())));
@@ -186,7 +198,11 @@ impl Node {
         }));
         tasks.push(tokio::spawn(shard_metrics(shards.clone(), hub.clone(), dir.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
-        tasks.push(tokio::spawn(crate::configurations::run(twins.clone(), config.configuration_interval, stop.clone())));
+        tasks.push(tokio::spawn(crate::configurations::run(
+            twins.clone(),
+            config.configuration_interval,
+            stop.clone(),
+        )));
         tasks.push(tokio::spawn(crate::jobs::run(twins.clone(), Some(methods), stop.clone())));
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
@@ -267,8 +283,16 @@ async fn shard_metrics(shards: Arc<Shards>, hub: Arc<Hub>, data_dir: std::path::
             metrics::gauge!("twinhub_shard_last_log_index", "shard" => shard.clone()).set(st.last_log_index as f64);
             metrics::gauge!("twinhub_shard_commit_index", "shard" => shard.clone()).set(st.committed as f64);
             metrics::gauge!("twinhub_shard_apply_index", "shard" => shard.clone()).set(st.applied as f64);
-            metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader { 1.0 } else { 0.0 });
-            metrics::gauge!("twinhub_shard_has_leader", "shard" => shard.clone()).set(if st.leader.is_some() { 1.0 } else { 0.0 });
+            metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader {
+                1.0
+            } else {
+                0.0
+            });
+            metrics::gauge!("twinhub_shard_has_leader", "shard" => shard.clone()).set(if st.leader.is_some() {
+                1.0
+            } else {
+                0.0
+            });
             let max_lag = st.lag.values().copied().max().unwrap_or(0);
             metrics::gauge!("twinhub_shard_max_replica_lag", "shard" => shard.clone()).set(max_lag as f64);
             let prev = leaders.entry(shard.clone()).or_insert_with(|| {
@@ -367,7 +391,10 @@ mod tests {
         .unwrap();
         let node = Node::start(config.clone()).await.unwrap();
         let cs = node.connection_string();
-        assert!(cs.starts_with(&format!("HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey=", node.http_addr.port())));
+        assert!(cs.starts_with(&format!(
+            "HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey=",
+            node.http_addr.port()
+        )));
         let ca = reqwest::Certificate::from_pem(&std::fs::read(dir.path().join("tls/ca.pem")).unwrap()).unwrap();
         let client = reqwest::Client::builder().add_root_certificate(ca).build().unwrap();
         let base = format!("https://localhost:{}", node.http_addr.port());
@@ -377,7 +404,10 @@ mod tests {
         let auth = |port: u16, key: &str| {
             let sr = format!("localhost%3A{port}");
             let se = crate::model::now_ms() / 1000 + 600;
-            let sig = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, crate::auth::sign(key, &sr, se).unwrap());
+            let sig = base64::Engine::encode(
+                &base64::engine::general_purpose::STANDARD,
+                crate::auth::sign(key, &sr, se).unwrap(),
+            );
             let sig = percent_encoding::utf8_percent_encode(&sig, percent_encoding::NON_ALPHANUMERIC);
             format!("SharedAccessSignature sr={sr}&sig={sig}&se={se}&skn=iothubowner")
         };

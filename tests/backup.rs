@@ -31,7 +31,10 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
     let mut keys = BTreeMap::new();
     for t in &twins {
         let doc = api.must_create_device(t).await;
-        keys.insert(t.clone(), doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).unwrap().to_string());
+        keys.insert(
+            t.clone(),
+            doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).unwrap().to_string(),
+        );
     }
     api.must(200, "PUT", "/configurations/keep", Some(&json!({"content": {"deviceContent": {"properties.desired.cfg": 1}}, "targetCondition": "deviceId = 'none'", "priority": 3})), &[]).await;
 
@@ -46,7 +49,9 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
                 for t in &chunk {
-                    let r = api.send("PATCH", &format!("/twins/{t}"), Some(&json!({"properties": {"desired": {"n": n}}})), &[]).await;
+                    let r = api
+                        .send("PATCH", &format!("/twins/{t}"), Some(&json!({"properties": {"desired": {"n": n}}})), &[])
+                        .await;
                     if r.status == 200 {
                         acked.lock().unwrap().insert(t.clone(), n);
                     } else {
@@ -93,7 +98,11 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
     // Restore into a new cluster; a non-empty one is refused.
     let b = Cluster::up(3, SHARDS);
     let (dir, input) = (b.dir.clone(), file.clone());
-    let (ok, text) = tokio::task::spawn_blocking(move || run(&["restore", "--dir", dir.to_str().unwrap(), "--in", input.to_str().unwrap()])).await.unwrap();
+    let (ok, text) = tokio::task::spawn_blocking(move || {
+        run(&["restore", "--dir", dir.to_str().unwrap(), "--in", input.to_str().unwrap()])
+    })
+    .await
+    .unwrap();
     assert!(ok, "restore failed:\n{text}");
     let (ok, text) = run(&["restore", "--dir", b.dir.to_str().unwrap(), "--in", file.to_str().unwrap()]);
     assert!(!ok && text.contains("already has"), "{text}");
@@ -112,7 +121,10 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
     }
     let api_b = b.api(2);
     let dev = api_b.must_get("/devices/bk-03").await;
-    assert_eq!(dev.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str), Some(keys["bk-03"].as_str()));
+    assert_eq!(
+        dev.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str),
+        Some(keys["bk-03"].as_str())
+    );
     let cfg = api_b.must_get("/configurations/keep").await;
     assert_eq!(cfg["priority"], 3);
     // New writes continue above the restored versions.

@@ -35,7 +35,10 @@ async fn bulk_calls_apply_each_entry_on_its_own() {
     assert_eq!(t["tags"]["n"], 42);
     assert_eq!(t["properties"]["desired"]["interval"], 42);
     let dev = api.must_get("/devices/bulk-042").await;
-    assert!(dev["authentication"]["symmetricKey"]["primaryKey"].as_str().is_some_and(|k| !k.is_empty()), "keys generated: {dev}");
+    assert!(
+        dev["authentication"]["symmetricKey"]["primaryKey"].as_str().is_some_and(|k| !k.is_empty()),
+        "keys generated: {dev}"
+    );
 
     // A mixed call: good entries apply, each bad one fails alone with its own code.
     let etag = api.must_get("/devices/bulk-001").await["etag"].as_str().expect("etag").to_string();

@@ -22,13 +22,20 @@ fn bin() -> PathBuf {
 /// Fails loudly (never skips) when the test cannot run.
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "the power-loss tests need root (FUSE mounts, network namespaces); run scripts/test.sh as root");
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the power-loss tests need root (FUSE mounts, network namespaces); run scripts/test.sh as root"
+    );
     assert!(Path::new("/dev/fuse").exists(), "the power-loss tests need /dev/fuse");
 }
 
 fn is_mounted(p: &Path) -> bool {
     let want = p.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines().any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
 }
 
 fn mount(backing: &Path, mnt: &Path, log: &Path) -> Child {
@@ -44,7 +51,11 @@ fn mount(backing: &Path, mnt: &Path, log: &Path) -> Child {
         .expect("start chaos-fs");
     let t = Instant::now();
     while !is_mounted(mnt) {
-        assert!(t.elapsed() < Duration::from_secs(20), "chaos-fs did not mount: {}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "chaos-fs did not mount: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child
@@ -114,14 +125,19 @@ fn powerfs_mount_forgets_what_was_not_synced() {
     h.write_all(b"still here").expect("write");
     h.sync_all().expect("fsync");
     // fdatasync counts as a sync; an O_TRUNC open after it is undone.
-    let mut d = OpenOptions::new().write(true).create(true).truncate(true).open(other.join("truncated")).expect("create");
+    let mut d =
+        OpenOptions::new().write(true).create(true).truncate(true).open(other.join("truncated")).expect("create");
     d.write_all(b"0123456789").expect("write");
     d.sync_data().expect("fdatasync");
     drop(d);
     sync_dir(&other);
     std::fs::remove_file(other.join("removed")).expect("unlink");
     OpenOptions::new().write(true).truncate(true).open(other.join("truncated")).expect("truncate");
-    assert_eq!(std::fs::read(mnt.join("durable")).expect("read"), b"new", "before the loss the mount shows every write");
+    assert_eq!(
+        std::fs::read(mnt.join("durable")).expect("read"),
+        b"new",
+        "before the loss the mount shows every write"
+    );
     // As after a SIGKILL: nothing holds the mount any more (else the unmount after the drop fails).
     drop((g, h));
 
@@ -157,7 +173,10 @@ fn mutated_run(scenario: &str, slot: u32, dir: &Path) -> (Option<i32>, Value, St
         .output()
         .expect("run twinhub chaos");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    let report: Value = std::fs::read(dir.join("report.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or(Value::Null);
+    let report: Value = std::fs::read(dir.join("report.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null);
     (out.status.code(), report, text)
 }
 
@@ -175,20 +194,33 @@ fn each_power_loss_scenario_catches_a_skipped_fsync() {
         .collect();
     for r in runs {
         let (scenario, (code, report, text)) = r.join().expect("thread");
-        let tail: String = text.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        let tail: String =
+            text.lines().rev().take(25).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         assert_eq!(code, Some(1), "{scenario} with the fsync mutation must fail with violations (exit 1):\n{tail}");
         let sc = &report["scenarios"][0];
         assert_eq!(sc["scenario"], scenario, "{tail}");
-        let kinds: Vec<String> = sc["check"]["violations"].as_array().into_iter().flatten().filter_map(|v| v["kind"].as_str().map(str::to_string)).collect();
+        let kinds: Vec<String> = sc["check"]["violations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["kind"].as_str().map(str::to_string))
+            .collect();
         // Lost writes, or writes regressed (versions going back, reads older than acknowledged writes, two
         // documents at one version, no linear order).
-        const LOST_OR_REGRESSED: [&str; 6] = ["LostWrite", "VersionWentBack", "StaleRead", "DuplicateVersion", "DivergentState", "NotLinearizable"];
+        const LOST_OR_REGRESSED: [&str; 6] =
+            ["LostWrite", "VersionWentBack", "StaleRead", "DuplicateVersion", "DivergentState", "NotLinearizable"];
         // A single node's power loss cannot lose a committed write (a majority still holds it), but its
         // log goes back behind what it acknowledged; the leaders' openraft then stops with "follower log
         // reversion", a panic the suite reports (any panic fails a scenario).
-        let reverted = sc["panics"].as_array().into_iter().flatten().filter_map(Value::as_str).any(|p| p.contains("log reversion"));
+        let reverted = sc["panics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|p| p.contains("log reversion"));
         assert!(
-            kinds.iter().any(|k| LOST_OR_REGRESSED.contains(&k.as_str())) || (scenario == "power-loss-node" && reverted),
+            kinds.iter().any(|k| LOST_OR_REGRESSED.contains(&k.as_str()))
+                || (scenario == "power-loss-node" && reverted),
             "{scenario}: expected lost or regressed writes, got violations {kinds:?}, panics {}\n{tail}",
             sc["panics"]
         );

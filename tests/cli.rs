@@ -57,7 +57,12 @@ impl Cli {
     /// Runs and insists on success; returns stdout.
     fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
-        assert!(out.status.success(), "twinhub {args:?} failed ({}):\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "twinhub {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -97,7 +102,10 @@ async fn devices_are_created_shown_listed_and_deleted() {
     let k2 = "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXphYmNkZWY=";
     cli.ok(&["device", "create", "cli-d2", "--primary-key", k1, "--secondary-key", k2, "--disabled"]);
     let d2 = api.must_get("/devices/cli-d2").await;
-    assert_eq!((d2["status"].as_str(), d2["authentication"]["symmetricKey"]["primaryKey"].as_str()), (Some("disabled"), Some(k1)));
+    assert_eq!(
+        (d2["status"].as_str(), d2["authentication"]["symmetricKey"]["primaryKey"].as_str()),
+        (Some("disabled"), Some(k1))
+    );
     cli.ok(&["device", "create", "cli-d1", "--module", "m1"]);
     assert_eq!(cli.ok_json(&["device", "show", "cli-d1", "--module", "m1"])["moduleId"], "m1");
 
@@ -141,7 +149,14 @@ async fn twins_are_shown_patched_and_replaced_with_optimistic_concurrency() {
     assert_eq!(t["version"], 1);
     let etag = t["etag"].as_str().unwrap().to_string();
 
-    let t = cli.ok_json(&["twin", "update", "cli-t1", "--etag", &etag, r#"{"tags":{"site":"b43"},"properties":{"desired":{"interval":5}}}"#]);
+    let t = cli.ok_json(&[
+        "twin",
+        "update",
+        "cli-t1",
+        "--etag",
+        &etag,
+        r#"{"tags":{"site":"b43"},"properties":{"desired":{"interval":5}}}"#,
+    ]);
     assert_eq!((t["tags"]["site"].as_str(), t["properties"]["desired"]["interval"].as_i64()), (Some("b43"), Some(5)));
     // The old etag is now stale: exit 4, and nothing changes.
     let err = cli.fails(4, &["twin", "update", "cli-t1", "--etag", &etag, r#"{"tags":{"site":"x"}}"#]);
@@ -154,7 +169,12 @@ async fn twins_are_shown_patched_and_replaced_with_optimistic_concurrency() {
     std::fs::write(&f, r#"{"properties":{"desired":{"interval":null,"mode":"eco"}}}"#).unwrap();
     let t = cli.ok_json(&["twin", "update", "cli-t1", "--file", f.to_str().unwrap()]);
     assert!(t["properties"]["desired"].get("interval").is_none(), "null removes: {t}");
-    let mut child = cli.cmd(&["twin", "replace", "cli-t1", "--file", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = cli
+        .cmd(&["twin", "replace", "cli-t1", "--file", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     child.stdin.take().unwrap().write_all(br#"{"tags":{"only":true},"properties":{"desired":{"fresh":1}}}"#).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
@@ -186,7 +206,10 @@ async fn queries_follow_continuations_and_print_tables_or_json_lines() {
     }
     // Pages of 2: all 7 come back, once each.
     let out = cli.ok(&["query", "SELECT deviceId, tags.n FROM devices", "--output", "json", "--page-size", "2"]);
-    let mut ids: Vec<String> = out.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["deviceId"].as_str().unwrap().to_string()).collect();
+    let mut ids: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["deviceId"].as_str().unwrap().to_string())
+        .collect();
     ids.sort();
     assert_eq!(ids, (0..7).map(|i| format!("cli-q{i}")).collect::<Vec<_>>());
     let out = cli.ok(&["query", "SELECT * FROM devices", "--output", "json", "--page-size", "2", "--max", "3"]);
@@ -216,7 +239,15 @@ async fn jobs_are_scheduled_listed_shown_and_cancelled() {
     }
     api.must_patch_twin("cli-j0", &json!({"tags": {"fleet": "a"}})).await;
     api.must_patch_twin("cli-j1", &json!({"tags": {"fleet": "a"}})).await;
-    let job = cli.ok_json(&["job", "update-twin", "cli-job1", "--where", "tags.fleet = 'a'", "--patch", r#"{"properties":{"desired":{"fw":"2.0"}}}"#]);
+    let job = cli.ok_json(&[
+        "job",
+        "update-twin",
+        "cli-job1",
+        "--where",
+        "tags.fleet = 'a'",
+        "--patch",
+        r#"{"properties":{"desired":{"fw":"2.0"}}}"#,
+    ]);
     assert_eq!(job["jobId"], "cli-job1");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -229,20 +260,30 @@ async fn jobs_are_scheduled_listed_shown_and_cancelled() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     for (dev, fw) in [("cli-j0", json!("2.0")), ("cli-j1", json!("2.0")), ("cli-j2", Value::Null)] {
-        assert_eq!(api.must_get_twin(dev).await["properties"]["desired"].get("fw").cloned().unwrap_or(Value::Null), fw, "{dev}");
+        assert_eq!(
+            api.must_get_twin(dev).await["properties"]["desired"].get("fw").cloned().unwrap_or(Value::Null),
+            fw,
+            "{dev}"
+        );
     }
     // A job scheduled an hour ahead stays scheduled until cancelled.
     let later = json!({"jobId": "cli-job2", "type": "scheduleUpdateTwin", "queryCondition": "tags.fleet = 'a'", "updateTwin": {"tags": {"x": 1}, "etag": "*"},
         "startTime": "2099-01-01T00:00:00Z", "maxExecutionTimeInSeconds": 60});
     api.must(200, "PUT", "/jobs/v2/cli-job2", Some(&later), &[]).await;
     let table = cli.ok(&["job", "list"]);
-    assert!(table.lines().any(|l| l.starts_with("cli-job1 ") && l.contains("completed") && l.contains("2/2")), "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("cli-job1 ") && l.contains("completed") && l.contains("2/2")),
+        "{table}"
+    );
     assert!(table.lines().any(|l| l.starts_with("cli-job2 ")), "{table}");
     let cancelled = cli.ok_json(&["job", "cancel", "cli-job2"]);
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
     let err = cli.fails(1, &["job", "update-twin", "cli-job1", "--where", "tags.fleet = 'a'", "--patch", "{}"]);
     assert!(err.contains("409") || err.contains("400"), "a job id is used once: {err}");
-    let err = cli.fails(2, &["job", "method", "cli-job3", "--where", "tags.fleet = 'a'", "--method", "reboot", "--payload", "{oops"]);
+    let err = cli.fails(
+        2,
+        &["job", "method", "cli-job3", "--where", "tags.fleet = 'a'", "--method", "reboot", "--payload", "{oops"],
+    );
     assert!(err.contains("--payload"), "{err}");
     s.assert_no_panics_in_log();
 }
@@ -277,7 +318,9 @@ impl Watch {
     fn tagged(&self, n: usize) -> Vec<Value> {
         let mut out = Vec::new();
         while out.len() < n {
-            let e = self.next(Duration::from_secs(30)).unwrap_or_else(|| panic!("watch printed {} of {n} events: {out:?}", out.len()));
+            let e = self
+                .next(Duration::from_secs(30))
+                .unwrap_or_else(|| panic!("watch printed {} of {n} events: {out:?}", out.len()));
             if !e["data"]["body"]["tags"]["v"].is_null() {
                 out.push(e);
             }
@@ -324,7 +367,8 @@ async fn watch_prints_changes_in_order_and_resumes_from_a_position() {
     let from = events[0]["position"].as_str().unwrap();
     let out = cli.cmd(&["watch", "--device", "cli-w1", "--from", from, "--count", "2"]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let replay: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let replay: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(replay.iter().map(|e| e["data"]["body"]["tags"]["v"].clone()).collect::<Vec<_>>(), [json!(2), json!(3)]);
     s.assert_no_panics_in_log();
 }
@@ -336,10 +380,18 @@ async fn credentials_come_from_flags_environment_or_profiles_and_bad_ones_are_ex
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(cli.ca(), dir.path().join("ca.pem")).unwrap();
     let profiles = dir.path().join("profiles.json");
-    std::fs::write(&profiles, json!({"lab": {"connectionString": s.connection_string, "caFile": "ca.pem"}}).to_string()).unwrap();
+    std::fs::write(
+        &profiles,
+        json!({"lab": {"connectionString": s.connection_string, "caFile": "ca.pem"}}).to_string(),
+    )
+    .unwrap();
     let with_profiles = |args: &[&str]| {
         let mut c = Command::new(bin_path());
-        c.args(args).env("TWINHUB_PROFILES", &profiles).env_remove("TWINHUB_CONNECTION_STRING").env_remove("TWINHUB_CA_FILE").env_remove("TWINHUB_PROFILE");
+        c.args(args)
+            .env("TWINHUB_PROFILES", &profiles)
+            .env_remove("TWINHUB_CONNECTION_STRING")
+            .env_remove("TWINHUB_CA_FILE")
+            .env_remove("TWINHUB_PROFILE");
         c.output().unwrap()
     };
     let out = with_profiles(&["device", "create", "cli-p1", "--profile", "lab"]);
@@ -356,21 +408,38 @@ async fn credentials_come_from_flags_environment_or_profiles_and_bad_ones_are_ex
     assert!(out.contains("cli-p1"));
 
     // A read-only policy reads but cannot write: the hub says why (exit 1).
-    let ro = format!("HostName={};SharedAccessKeyName=registryRead;SharedAccessKey={}", s.host_name, s.policy_key("registryRead"));
+    let ro = format!(
+        "HostName={};SharedAccessKeyName=registryRead;SharedAccessKey={}",
+        s.host_name,
+        s.policy_key("registryRead")
+    );
     cli.ok(&["device", "show", "cli-p1", "--connection-string", &ro]);
     let err = cli.fails(1, &["device", "delete", "cli-p1", "--connection-string", &ro]);
     assert!(err.contains("Unauthorized") && err.contains("401"), "{err}");
 
-    let wrong_key = format!("HostName={};SharedAccessKeyName=iothubowner;SharedAccessKey={}", s.host_name, "QUJD".repeat(11));
+    let wrong_key =
+        format!("HostName={};SharedAccessKeyName=iothubowner;SharedAccessKey={}", s.host_name, "QUJD".repeat(11));
     let err = cli.fails(1, &["device", "show", "cli-p1", "--connection-string", &wrong_key]);
     assert!(err.contains("401"), "{err}");
-    let err = cli.fails(2, &["device", "show", "cli-p1", "--connection-string", "HostName=localhost;DeviceId=d;SharedAccessKey=QUJD"]);
+    let err = cli.fails(
+        2,
+        &["device", "show", "cli-p1", "--connection-string", "HostName=localhost;DeviceId=d;SharedAccessKey=QUJD"],
+    );
     assert!(err.contains("device connection string"), "{err}");
     let err = cli.fails(2, &["device", "show", "cli-p1", "--ca-file", "/etc/hostname"]);
     assert!(err.contains("PEM"), "{err}");
     // Nothing listens there: exit 3.
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let err = cli.fails(3, &["device", "show", "cli-p1", "--connection-string", &format!("HostName=127.0.0.1:{free};SharedAccessKeyName=iothubowner;SharedAccessKey=QUJD")]);
+    let err = cli.fails(
+        3,
+        &[
+            "device",
+            "show",
+            "cli-p1",
+            "--connection-string",
+            &format!("HostName=127.0.0.1:{free};SharedAccessKeyName=iothubowner;SharedAccessKey=QUJD"),
+        ],
+    );
     assert!(err.contains("connecting"), "{err}");
     // The wrong CA: the TLS handshake fails, exit 3.
     let other = tempfile::tempdir().unwrap();
@@ -384,7 +453,17 @@ async fn credentials_come_from_flags_environment_or_profiles_and_bad_ones_are_ex
 fn write_foreign_ca(dir: &Path) -> PathBuf {
     let data = dir.join("data");
     let out = Command::new(bin_path())
-        .args(["serve", "--data-dir", data.to_str().unwrap(), "--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0", "--events-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--http-listen",
+            "127.0.0.1:0",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--events-listen",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -402,10 +481,15 @@ fn write_foreign_ca(dir: &Path) -> PathBuf {
 async fn cluster_status_asks_remote_nodes_with_a_connection_string() {
     let c = Cluster::up(3, 4);
     let n1 = c.node(1);
-    let cs = format!("HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey={}", n1.http.port(), c.owner_key);
+    let cs = format!(
+        "HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey={}",
+        n1.http.port(),
+        c.owner_key
+    );
     let cli = Cli::for_hub(&cs, &c.ca_pem);
     let others: Vec<String> = [2u64, 3].iter().map(|id| format!("localhost:{}", c.node(*id).http.port())).collect();
-    let report = cli.ok_json(&["cluster", "status", "--json", "--node-address", &others[0], "--node-address", &others[1]]);
+    let report =
+        cli.ok_json(&["cluster", "status", "--json", "--node-address", &others[0], "--node-address", &others[1]]);
     let nodes = report["nodes"].as_array().unwrap();
     let mut ids: Vec<u64> = nodes.iter().map(|n| n["id"].as_u64().unwrap()).collect();
     ids.sort();
@@ -420,7 +504,8 @@ async fn cluster_status_asks_remote_nodes_with_a_connection_string() {
     }
     // The table form, and a node that does not answer is shown as such (not a failure of the rest).
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let out = cli.run(&["cluster", "status", "--node-address", &others[0], "--node-address", &format!("127.0.0.1:{free}")]);
+    let out =
+        cli.run(&["cluster", "status", "--node-address", &others[0], "--node-address", &format!("127.0.0.1:{free}")]);
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.lines().next().unwrap().starts_with("node"), "{table}");

@@ -73,7 +73,10 @@ async fn writes_through_every_http_front_door_land_on_the_owner() {
             assert_eq!(t["properties"]["desired"]["via"], patch_on, "PATCH through node {patch_on}: {t}");
 
             let g = c.api(get_on).must_get_twin(&dev).await;
-            let what = format!("{dev} (shard {shard}, leader {}): created on {create_on}, patched on {patch_on}, read on {get_on}", leaders[&shard]);
+            let what = format!(
+                "{dev} (shard {shard}, leader {}): created on {create_on}, patched on {patch_on}, read on {get_on}",
+                leaders[&shard]
+            );
             assert_eq!(g["deviceId"], dev.as_str(), "{what}: {g}");
             assert_eq!(g["properties"]["desired"]["perm"], pi, "{what}: {g}");
             assert_eq!(g["properties"]["desired"]["via"], patch_on, "{what}: {g}");
@@ -93,7 +96,11 @@ async fn writes_through_every_http_front_door_land_on_the_owner() {
     for (dev, t) in &devices {
         for id in &ids {
             let g = c.api(*id).must_get_twin(dev).await;
-            assert_eq!(twin_state(&g), twin_state(t), "{dev} read through node {id} differs from what the write returned");
+            assert_eq!(
+                twin_state(&g),
+                twin_state(t),
+                "{dev} read through node {id} differs from what the write returned"
+            );
         }
     }
     // And the registry lists them all through any node.
@@ -150,7 +157,9 @@ impl Dev {
         tokio::spawn(async move {
             loop {
                 let ev = match el.poll().await {
-                    Ok(Event::Incoming(Packet::Publish(p))) => Ev::Publish { topic: p.topic.clone(), payload: p.payload.to_vec() },
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        Ev::Publish { topic: p.topic.clone(), payload: p.payload.to_vec() }
+                    }
                     Ok(Event::Incoming(Packet::SubAck(_))) => Ev::SubAck,
                     Ok(_) => continue,
                     Err(e) => {
@@ -185,20 +194,27 @@ impl Dev {
 
     async fn subscribe(&mut self, filter: &str) {
         self.client.subscribe(filter, QoS::AtLeastOnce).await.expect("queue SUBSCRIBE");
-        self.wait_for(|e| matches!(e, Ev::SubAck)).await.unwrap_or_else(|| panic!("{}: no SUBACK for {filter}", self.id));
+        self.wait_for(|e| matches!(e, Ev::SubAck))
+            .await
+            .unwrap_or_else(|| panic!("{}: no SUBACK for {filter}", self.id));
     }
 
     /// Publishes a twin request; returns the response's status, topic and payload.
     async fn request(&mut self, prefix: &str, payload: String) -> (u16, String, Vec<u8>) {
         self.rid += 1;
         let rid = format!("{}", self.rid);
-        self.client.publish(format!("{prefix}?$rid={rid}"), QoS::AtLeastOnce, false, payload).await.expect("queue PUBLISH");
+        self.client
+            .publish(format!("{prefix}?$rid={rid}"), QoS::AtLeastOnce, false, payload)
+            .await
+            .expect("queue PUBLISH");
         let want = format!("?$rid={rid}");
         let ev = self
             .wait_for(|e| match e {
                 Ev::Publish { topic, .. } => {
                     topic.starts_with("$iothub/twin/res/")
-                        && topic.split_once("/?").is_some_and(|(_, q)| format!("?{q}").split('&').next() == Some(want.as_str()))
+                        && topic
+                            .split_once("/?")
+                            .is_some_and(|(_, q)| format!("?{q}").split('&').next() == Some(want.as_str()))
                 }
                 _ => false,
             })
@@ -218,7 +234,11 @@ impl Dev {
             .wait_for(|e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/twin/PATCH/properties/desired/")))
             .await?;
         let Ev::Publish { topic, payload } = ev else { return None };
-        let v = topic.split("?$version=").nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("push without $version: {topic}"));
+        let v = topic
+            .split("?$version=")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("push without $version: {topic}"));
         Some((v, serde_json::from_slice(&payload).expect("push body is JSON")))
     }
 }
@@ -239,7 +259,11 @@ async fn mqtt_device_on_one_node_sees_writes_made_through_another() {
     for shard in 0..SHARDS {
         let id = device_on_shard("mq-", shard, SHARDS, &mut taken);
         let doc = c.api(1).must_create_device(&id).await;
-        let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("primary key").to_string();
+        let key = doc
+            .pointer("/authentication/symmetricKey/primaryKey")
+            .and_then(Value::as_str)
+            .expect("primary key")
+            .to_string();
         let mut d = Dev::connect(c.node(dev_node).mqtt_plain, &id, &key).await;
         d.subscribe("$iothub/twin/res/#").await;
         d.subscribe("$iothub/twin/PATCH/properties/desired/#").await;
@@ -253,7 +277,12 @@ async fn mqtt_device_on_one_node_sees_writes_made_through_another() {
         let r0 = got["reported"]["$version"].as_i64().unwrap_or_else(|| panic!("{what}: no reported $version: {got}"));
 
         // Reported through node 2 → visible through node 3.
-        let (st, topic, _) = d.request("$iothub/twin/PATCH/properties/reported/", json!({"temp": 20 + *shard, "shard": *shard}).to_string()).await;
+        let (st, topic, _) = d
+            .request(
+                "$iothub/twin/PATCH/properties/reported/",
+                json!({"temp": 20 + *shard, "shard": *shard}).to_string(),
+            )
+            .await;
         assert_eq!(st, 204, "{what}: PATCH reported: {topic}");
         let rv: i64 = topic
             .split("&$version=")
@@ -262,13 +291,22 @@ async fn mqtt_device_on_one_node_sees_writes_made_through_another() {
             .unwrap_or_else(|| panic!("{what}: 204 without $version: {topic}"));
         assert_eq!(rv, r0 + 1, "{what}: reported $version");
         let t = c.api(svc_node).must_get_twin(&d.id).await;
-        assert_eq!(t["properties"]["reported"]["temp"], 20 + *shard, "{what}: node {svc_node} sees the reported patch: {t}");
+        assert_eq!(
+            t["properties"]["reported"]["temp"],
+            20 + *shard,
+            "{what}: node {svc_node} sees the reported patch: {t}"
+        );
         assert_eq!(reported_version(&t), rv, "{what}: node {svc_node} sees reported $version {rv}: {t}");
 
         // Desired through node 3 → pushed to the device on node 2.
-        let t = c.api(svc_node).must_patch_twin(&d.id, &json!({"properties": {"desired": {"setpoint": 100 + *shard}}})).await;
+        let t = c
+            .api(svc_node)
+            .must_patch_twin(&d.id, &json!({"properties": {"desired": {"setpoint": 100 + *shard}}}))
+            .await;
         let dv = desired_version(&t);
-        let (pv, push) = d.desired_push().await.unwrap_or_else(|| panic!("{what}: no desired push after a PATCH through node {svc_node}\n{}", c.logs_tail()));
+        let (pv, push) = d.desired_push().await.unwrap_or_else(|| {
+            panic!("{what}: no desired push after a PATCH through node {svc_node}\n{}", c.logs_tail())
+        });
         assert_eq!(pv, dv, "{what}: pushed $version");
         assert_eq!(push, json!({"setpoint": 100 + *shard, "$version": dv}), "{what}: pushed patch");
 
@@ -294,7 +332,11 @@ async fn a_direct_method_called_through_any_node_reaches_the_node_holding_the_de
     let dev_node = 2;
     let id = "method-dev";
     let doc = c.api(1).must_create_device(id).await;
-    let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("primary key").to_string();
+    let key = doc
+        .pointer("/authentication/symmetricKey/primaryKey")
+        .and_then(Value::as_str)
+        .expect("primary key")
+        .to_string();
     let mut d = Dev::connect(c.node(dev_node).mqtt_plain, id, &key).await;
     d.subscribe("$iothub/methods/POST/#").await;
     for via in [1, 3, 2] {
@@ -304,14 +346,23 @@ async fn a_direct_method_called_through_any_node_reaches_the_node_holding_the_de
             api.send("POST", &format!("/twins/{id}/methods"), Some(&body), &[]).await
         });
         let ev = d
-            .wait_for(|e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/methods/POST/blink/?$rid=")))
+            .wait_for(
+                |e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/methods/POST/blink/?$rid=")),
+            )
             .await
-            .unwrap_or_else(|| panic!("no method call on node {dev_node} for a call through node {via}\n{}", c.logs_tail()));
+            .unwrap_or_else(|| {
+                panic!("no method call on node {dev_node} for a call through node {via}\n{}", c.logs_tail())
+            });
         let Ev::Publish { topic, payload } = ev else { unreachable!() };
         assert_eq!(serde_json::from_slice::<Value>(&payload).unwrap(), json!({"via": via}));
         let rid = topic.split("?$rid=").nth(1).expect("rid");
         d.client
-            .publish(format!("$iothub/methods/res/201/?$rid={rid}"), QoS::AtLeastOnce, false, json!({"blinked": via}).to_string())
+            .publish(
+                format!("$iothub/methods/res/201/?$rid={rid}"),
+                QoS::AtLeastOnce,
+                false,
+                json!({"blinked": via}).to_string(),
+            )
             .await
             .expect("queue the answer");
         let r = call.await.unwrap();
@@ -335,7 +386,11 @@ async fn a_persistent_session_survives_the_kill_of_its_node() {
     c.settle_leadership().await;
     let id = "session-dev";
     let doc = c.api(1).must_create_device(id).await;
-    let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("primary key").to_string();
+    let key = doc
+        .pointer("/authentication/symmetricKey/primaryKey")
+        .and_then(Value::as_str)
+        .expect("primary key")
+        .to_string();
     let (mut d, present) = Dev::connect_session(c.node(2).mqtt_plain, id, &key, false).await;
     assert!(!present, "a first connection has no session");
     d.subscribe("$iothub/twin/PATCH/properties/desired/#").await;
@@ -356,12 +411,21 @@ async fn a_persistent_session_survives_the_kill_of_its_node() {
         assert!(Instant::now() < deadline, "no write acknowledged after the kill: {} {}", r.status, r.text);
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let (pv, push) = d.desired_push().await.unwrap_or_else(|| panic!("no desired push on node 3 without resubscribing\n{}", c.logs_tail()));
+    let (pv, push) = d
+        .desired_push()
+        .await
+        .unwrap_or_else(|| panic!("no desired push on node 3 without resubscribing\n{}", c.logs_tail()));
     assert_eq!((pv, push), (dv, json!({"after_kill": 1, "$version": dv})));
 
     let api = c.api(1);
     let call = tokio::spawn(async move {
-        api.send("POST", &format!("/twins/{id}/methods"), Some(&json!({"methodName": "still-there", "responseTimeoutInSeconds": 10})), &[]).await
+        api.send(
+            "POST",
+            &format!("/twins/{id}/methods"),
+            Some(&json!({"methodName": "still-there", "responseTimeoutInSeconds": 10})),
+            &[],
+        )
+        .await
     });
     let ev = d
         .wait_for(|e| matches!(e, Ev::Publish { topic, .. } if topic.starts_with("$iothub/methods/POST/still-there/")))
@@ -369,7 +433,10 @@ async fn a_persistent_session_survives_the_kill_of_its_node() {
         .expect("a method call without resubscribing");
     let Ev::Publish { topic, .. } = ev else { unreachable!() };
     let rid = topic.split("?$rid=").nth(1).expect("rid");
-    d.client.publish(format!("$iothub/methods/res/200/?$rid={rid}"), QoS::AtLeastOnce, false, "{}").await.expect("answer");
+    d.client
+        .publish(format!("$iothub/methods/res/200/?$rid={rid}"), QoS::AtLeastOnce, false, "{}")
+        .await
+        .expect("answer");
     assert_eq!(call.await.unwrap().status, 200);
 
     // A clean session discards the stored one: the next persistent connection starts empty.
@@ -458,7 +525,8 @@ async fn writer(apis: Arc<BTreeMap<u64, Api>>, dev: String, w: usize, shared: Ar
                     }
                 };
                 if t["properties"]["desired"][&key] != seq {
-                    out.unexpected.push(format!("seq {seq} via node {node}: the answer does not hold {key}={seq}: {t}"));
+                    out.unexpected
+                        .push(format!("seq {seq} via node {node}: the answer does not hold {key}={seq}: {t}"));
                 }
                 out.acks.push(Ack {
                     writer: w,
@@ -524,10 +592,20 @@ fn version_violations(acks: &[Ack], kill: Instant) -> Vec<String> {
         let mut dversions: HashMap<i64, &Ack> = HashMap::new();
         for a in &list {
             if let Some(b) = versions.insert(a.version, a) {
-                out.push(format!("{twin}: twin version {} acknowledged twice:\n    {}\n    {}", a.version, show(b, kill), show(a, kill)));
+                out.push(format!(
+                    "{twin}: twin version {} acknowledged twice:\n    {}\n    {}",
+                    a.version,
+                    show(b, kill),
+                    show(a, kill)
+                ));
             }
             if let Some(b) = dversions.insert(a.desired_version, a) {
-                out.push(format!("{twin}: desired $version {} acknowledged twice:\n    {}\n    {}", a.desired_version, show(b, kill), show(a, kill)));
+                out.push(format!(
+                    "{twin}: desired $version {} acknowledged twice:\n    {}\n    {}",
+                    a.desired_version,
+                    show(b, kill),
+                    show(a, kill)
+                ));
             }
         }
         let mut by_writer: BTreeMap<usize, Vec<&Ack>> = BTreeMap::new();
@@ -537,7 +615,11 @@ fn version_violations(acks: &[Ack], kill: Instant) -> Vec<String> {
         for (w, mine) in by_writer {
             for pair in mine.windows(2) {
                 if pair[1].version <= pair[0].version || pair[1].desired_version <= pair[0].desired_version {
-                    out.push(format!("{twin}: writer {w}'s versions did not increase:\n    {}\n    {}", show(pair[0], kill), show(pair[1], kill)));
+                    out.push(format!(
+                        "{twin}: writer {w}'s versions did not increase:\n    {}\n    {}",
+                        show(pair[0], kill),
+                        show(pair[1], kill)
+                    ));
                 }
             }
         }
@@ -565,10 +647,18 @@ fn version_violations(acks: &[Ack], kill: Instant) -> Vec<String> {
             }
             let (v, dv) = prefix_max[before - 1];
             if b.version <= v.version {
-                out.push(format!("{twin}: twin version went back (a write sent after another was acknowledged):\n    {}\n    {}", show(v, kill), show(b, kill)));
+                out.push(format!(
+                    "{twin}: twin version went back (a write sent after another was acknowledged):\n    {}\n    {}",
+                    show(v, kill),
+                    show(b, kill)
+                ));
             }
             if b.desired_version <= dv.desired_version {
-                out.push(format!("{twin}: desired $version went back (a write sent after another was acknowledged):\n    {}\n    {}", show(dv, kill), show(b, kill)));
+                out.push(format!(
+                    "{twin}: desired $version went back (a write sent after another was acknowledged):\n    {}\n    {}",
+                    show(dv, kill),
+                    show(b, kill)
+                ));
             }
         }
     }
@@ -582,16 +672,30 @@ fn check_final(twins: &BTreeMap<String, Value>, outcomes: &[WriterOutcome], when
         let Some(dev) = o.acks.first().map(|a| a.twin.clone()) else { continue };
         let t = &twins[&dev];
         let Some(last) = o.acks.last() else { continue };
-        let got = t["properties"]["desired"][format!("w{}", o.writer)]
-            .as_u64()
-            .unwrap_or_else(|| panic!("{when}: writer {}'s acknowledged value {} is lost entirely on {dev}: {t}", o.writer, last.seq));
-        assert!(got >= last.seq, "{when}: writer {} on {dev}: acknowledged {} but the twin holds {got} (lost write)", o.writer, last.seq);
-        assert!(got <= o.attempted, "{when}: writer {} on {dev}: the twin holds {got}, never sent (max {})", o.writer, o.attempted);
+        let got = t["properties"]["desired"][format!("w{}", o.writer)].as_u64().unwrap_or_else(|| {
+            panic!("{when}: writer {}'s acknowledged value {} is lost entirely on {dev}: {t}", o.writer, last.seq)
+        });
+        assert!(
+            got >= last.seq,
+            "{when}: writer {} on {dev}: acknowledged {} but the twin holds {got} (lost write)",
+            o.writer,
+            last.seq
+        );
+        assert!(
+            got <= o.attempted,
+            "{when}: writer {} on {dev}: the twin holds {got}, never sent (max {})",
+            o.writer,
+            o.attempted
+        );
     }
     for (dev, t) in twins {
         let acks = outcomes.iter().flat_map(|o| o.acks.iter()).filter(|a| &a.twin == dev);
         if let Some(max_dv) = acks.clone().map(|a| a.desired_version).max() {
-            assert!(desired_version(t) >= max_dv, "{when}: {dev}: desired $version {} below acknowledged {max_dv}", desired_version(t));
+            assert!(
+                desired_version(t) >= max_dv,
+                "{when}: {dev}: desired $version {} below acknowledged {max_dv}",
+                desired_version(t)
+            );
         }
         if let Some(max_v) = acks.map(|a| a.version).max() {
             assert!(twin_version(t) >= max_v, "{when}: {dev}: version {} below acknowledged {max_v}", twin_version(t));
@@ -616,7 +720,8 @@ async fn sigkill_of_a_shard_leader_under_load_loses_no_acknowledged_write() {
     let (leader, term_before) = c.settled_leader(shard, &ids, Duration::from_secs(3)).await;
     eprintln!("shard {shard}: leader node {leader}, term {term_before}");
 
-    let apis: Arc<BTreeMap<u64, Api>> = Arc::new(ids.iter().map(|id| (*id, c.api_with_timeout(*id, Duration::from_secs(15)))).collect());
+    let apis: Arc<BTreeMap<u64, Api>> =
+        Arc::new(ids.iter().map(|id| (*id, c.api_with_timeout(*id, Duration::from_secs(15)))).collect());
     let shared = Arc::new(Shared {
         victim: AtomicU64::new(leader),
         stop: AtomicBool::new(false),
@@ -624,7 +729,8 @@ async fn sigkill_of_a_shard_leader_under_load_loses_no_acknowledged_write() {
         acks: (0..WRITERS).map(|_| AtomicU64::new(0)).collect(),
         acks_after_kill: (0..WRITERS).map(|_| AtomicU64::new(0)).collect(),
     });
-    let tasks: Vec<_> = (0..WRITERS).map(|w| tokio::spawn(writer(apis.clone(), twin_of(&twins, w), w, shared.clone()))).collect();
+    let tasks: Vec<_> =
+        (0..WRITERS).map(|w| tokio::spawn(writer(apis.clone(), twin_of(&twins, w), w, shared.clone()))).collect();
 
     // Let every writer get a few writes acknowledged.
     let deadline = Instant::now() + WAIT;
@@ -727,7 +833,11 @@ async fn sigkill_of_a_shard_leader_under_load_loses_no_acknowledged_write() {
             eprintln!("node {victim} caught up on shard {shard}: applied {applied} ≥ leader's commit {commit}");
             break;
         }
-        assert!(Instant::now() < deadline, "node {victim} did not catch up on shard {shard}: applied {applied} < commit {commit}; status {s:?}\n{}", c.logs_tail());
+        assert!(
+            Instant::now() < deadline,
+            "node {victim} did not catch up on shard {shard}: applied {applied} < commit {commit}; status {s:?}\n{}",
+            c.logs_tail()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The balancer hands the restarted node its leaderships back; reads start once that is done.
@@ -801,7 +911,10 @@ async fn five_nodes_keep_three_replicas_per_shard_and_any_node_serves_any_twin()
         let dev = device_on_shard("five-", shard, S, &mut taken);
         let far = &outside[&shard];
         c.api(far[0]).must_create_device(&dev).await;
-        let t = c.api(far[1]).must_patch_twin(&dev, &json!({"tags": {"shard": shard}, "properties": {"desired": {"x": shard}}})).await;
+        let t = c
+            .api(far[1])
+            .must_patch_twin(&dev, &json!({"tags": {"shard": shard}, "properties": {"desired": {"x": shard}}}))
+            .await;
         for id in &ids {
             let g = c.api(*id).must_get_twin(&dev).await;
             assert_eq!(twin_state(&g), twin_state(&t), "{dev} (shard {shard}) read through node {id}");
@@ -815,20 +928,21 @@ async fn five_nodes_keep_three_replicas_per_shard_and_any_node_serves_any_twin()
         let far = outside[&shard].clone();
         let dev = device_on_shard("five-mq-", shard, S, &mut taken);
         let doc = c.api(far[1]).must_create_device(&dev).await;
-        let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("key").to_string();
+        let key =
+            doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).expect("key").to_string();
         let mut d = Dev::connect(c.node(far[0]).mqtt_plain, &dev, &key).await;
         d.subscribe("$iothub/twin/res/#").await;
         d.subscribe("$iothub/twin/PATCH/properties/desired/#").await;
-        let (st, topic, _) = d.request("$iothub/twin/PATCH/properties/reported/", json!({"shard": shard}).to_string()).await;
+        let (st, topic, _) =
+            d.request("$iothub/twin/PATCH/properties/reported/", json!({"shard": shard}).to_string()).await;
         assert_eq!(st, 204, "{dev}: reported patch through node {}: {topic}", far[0]);
         let t = c.api(far[1]).must_get_twin(&dev).await;
         assert_eq!(t["properties"]["reported"]["shard"], shard, "{dev}: {t}");
         let t = c.api(far[1]).must_patch_twin(&dev, &json!({"properties": {"desired": {"sp": shard}}})).await;
         let dv = desired_version(&t);
-        let (pv, push) = d
-            .desired_push()
-            .await
-            .unwrap_or_else(|| panic!("{dev}: no push on node {} (no replica of shard {shard})\n{}", far[0], c.logs_tail()));
+        let (pv, push) = d.desired_push().await.unwrap_or_else(|| {
+            panic!("{dev}: no push on node {} (no replica of shard {shard})\n{}", far[0], c.logs_tail())
+        });
         assert_eq!(pv, dv, "{dev}: pushed $version");
         assert_eq!(push, json!({"sp": shard, "$version": dv}), "{dev}: pushed patch");
         let _ = d.client.disconnect().await;
@@ -874,7 +988,8 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
         c.api(1).must_create_device(t).await;
     }
     // Writers go through nodes 2 and 3, which stay throughout (node 1 leaves, node 4 joins).
-    let apis: Arc<BTreeMap<u64, Api>> = Arc::new([2u64, 3].iter().map(|id| (*id, c.api_with_timeout(*id, Duration::from_secs(15)))).collect());
+    let apis: Arc<BTreeMap<u64, Api>> =
+        Arc::new([2u64, 3].iter().map(|id| (*id, c.api_with_timeout(*id, Duration::from_secs(15)))).collect());
     let shared = Arc::new(Shared {
         victim: AtomicU64::new(0),
         stop: AtomicBool::new(false),
@@ -882,7 +997,8 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
         acks: (0..W).map(|_| AtomicU64::new(0)).collect(),
         acks_after_kill: (0..W).map(|_| AtomicU64::new(0)).collect(),
     });
-    let tasks: Vec<_> = (0..W).map(|w| tokio::spawn(writer(apis.clone(), twins[w].clone(), w, shared.clone()))).collect();
+    let tasks: Vec<_> =
+        (0..W).map(|w| tokio::spawn(writer(apis.clone(), twins[w].clone(), w, shared.clone()))).collect();
     let deadline = Instant::now() + WAIT;
     while shared.acks.iter().any(|a| a.load(Ordering::Relaxed) < 3) {
         assert!(Instant::now() < deadline, "writers made no progress\n{}", c.logs_tail());
@@ -982,7 +1098,10 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
         let j = api.must_get("/jobs/v2/fleet").await;
         let s = &j["deviceJobStatistics"];
         // A third of the way: at least one checkpoint is in the record.
-        if j["status"] == "running" && s["succeededCount"].as_u64().unwrap_or(0) >= N as u64 / 3 && s["deviceCount"] == N {
+        if j["status"] == "running"
+            && s["succeededCount"].as_u64().unwrap_or(0) >= N as u64 / 3
+            && s["deviceCount"] == N
+        {
             eprintln!("job under way: {s}");
             break;
         }
@@ -990,7 +1109,8 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
         assert!(Instant::now() < deadline, "job not under way: {j}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let before_kill = api.must_get("/jobs/v2/fleet").await["deviceJobStatistics"]["succeededCount"].as_u64().unwrap_or(0);
+    let before_kill =
+        api.must_get("/jobs/v2/fleet").await["deviceJobStatistics"]["succeededCount"].as_u64().unwrap_or(0);
     c.kill9(meta_leader);
     eprintln!("SIGKILLed node {meta_leader} (metadata leader, the job's runner) at {before_kill} devices done");
 
@@ -1023,7 +1143,10 @@ async fn a_job_survives_the_kill_of_its_runner_and_applies_once_per_device() {
     let r = api.send("POST", "/devices/query", Some(&json!({"query": "SELECT COUNT() AS n FROM devices.jobs WHERE jobId = 'fleet' AND status = 'completed'"})), &[]).await;
     assert_eq!(r.json(), &json!([{"n": N}]), "{}", r.text);
     // The runner that took over went on from the checkpoint rather than from the start.
-    let resumed = c.nodes.iter().any(|n| std::fs::read_to_string(&n.log).unwrap_or_default().contains("resuming job from its checkpoint"));
+    let resumed = c
+        .nodes
+        .iter()
+        .any(|n| std::fs::read_to_string(&n.log).unwrap_or_default().contains("resuming job from its checkpoint"));
     assert!(resumed, "no runner resumed from a checkpoint\n{}", c.logs_tail());
     c.assert_no_panics();
 }

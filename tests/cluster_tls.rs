@@ -28,9 +28,12 @@ async fn h2_request<I>(io: I) -> Result<u16, String>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.map_err(|e| format!("h2 handshake: {e}"))?;
+    let (mut sender, conn) =
+        http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.map_err(|e| format!("h2 handshake: {e}"))?;
     tokio::spawn(conn);
-    let req = hyper::Request::post("http://node/cluster/v2/call/node.status").body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let req = hyper::Request::post("http://node/cluster/v2/call/node.status")
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| format!("request: {e}"))?;
     Ok(resp.status().as_u16())
 }
@@ -38,7 +41,10 @@ where
 /// TCP + TLS with `config` to node `id` at `addr`, then one request.
 async fn tls_request(addr: SocketAddr, id: u64, config: Arc<rustls::ClientConfig>) -> Result<u16, String> {
     let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(config).connect(cluster_node_name(id), tcp).await.map_err(|e| format!("TLS: {e}"))?;
+    let tls = tokio_rustls::TlsConnector::from(config)
+        .connect(cluster_node_name(id), tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
     h2_request(tls).await
 }
 
@@ -101,7 +107,10 @@ async fn nodes_talk_mutual_tls_and_refuse_plaintext_and_foreign_peers() {
     let c = Cluster::up(3, 2);
     c.settle_leadership().await;
     let toml = std::fs::read_to_string(&c.node(1).config).unwrap();
-    assert!(toml.contains("cluster_ca") && toml.contains("cluster_cert") && !toml.contains("cluster_plaintext"), "{toml}");
+    assert!(
+        toml.contains("cluster_ca") && toml.contains("cluster_cert") && !toml.contains("cluster_plaintext"),
+        "{toml}"
+    );
     let n1 = c.cluster_addr(1);
     let tmp = tempfile::tempdir().unwrap();
     let cluster_ca = c.dir.join("shared/tls/cluster-ca.pem");
@@ -152,7 +161,8 @@ async fn a_capture_of_the_cluster_ports_shows_no_twin_json() {
     let doc = api.must_create_device("wire-d1").await;
     let key = doc.pointer("/authentication/symmetricKey/primaryKey").and_then(Value::as_str).unwrap().to_string();
     let tmp = tempfile::tempdir().unwrap();
-    let cluster_ports = c.ids().iter().map(|id| format!("tcp port {}", c.cluster_addr(*id).port())).collect::<Vec<_>>().join(" or ");
+    let cluster_ports =
+        c.ids().iter().map(|id| format!("tcp port {}", c.cluster_addr(*id).port())).collect::<Vec<_>>().join(" or ");
     let device_node = c.node(2).mqtt_plain;
     let (cluster_pcap, mqtt_pcap) = (tmp.path().join("cluster.pcap"), tmp.path().join("mqtt.pcap"));
     let cluster_cap = capture(&cluster_pcap, &cluster_ports);
@@ -163,11 +173,19 @@ async fn a_capture_of_the_cluster_ports_shows_no_twin_json() {
     let marker = format!("secret-{}", std::process::id());
     api.must_patch_twin("wire-d1", &json!({"properties": {"desired": {"wifiPassword": marker}}})).await;
     let mut o = MqttOptions::new("wire-d1", device_node.ip().to_string(), device_node.port());
-    o.set_credentials("localhost/wire-d1/?api-version=2021-04-12", device_token("localhost", "wire-d1", None, &key, unix_now() + 3600));
+    o.set_credentials(
+        "localhost/wire-d1/?api-version=2021-04-12",
+        device_token("localhost", "wire-d1", None, &key, unix_now() + 3600),
+    );
     let (client, mut el) = AsyncClient::new(o, 16);
     client.subscribe("$iothub/twin/res/#", QoS::AtLeastOnce).await.unwrap();
     client
-        .publish("$iothub/twin/PATCH/properties/reported/?$rid=1", QoS::AtLeastOnce, false, json!({"echo": marker}).to_string())
+        .publish(
+            "$iothub/twin/PATCH/properties/reported/?$rid=1",
+            QoS::AtLeastOnce,
+            false,
+            json!({"echo": marker}).to_string(),
+        )
         .await
         .unwrap();
     let acked = tokio::time::timeout(Duration::from_secs(30), async {
@@ -192,6 +210,9 @@ async fn a_capture_of_the_cluster_ports_shows_no_twin_json() {
     assert!(contains(&mqtt_bytes, marker.as_bytes()), "the capture itself works: the plain MQTT port shows the marker ({} bytes captured there, {} on the cluster ports)", mqtt_bytes.len(), cluster_bytes.len());
     assert!(cluster_bytes.len() > 2000, "the cluster ports carried traffic ({} bytes captured)", cluster_bytes.len());
     assert!(!contains(&cluster_bytes, marker.as_bytes()), "twin JSON crossed the cluster ports in clear");
-    assert!(!contains(&cluster_bytes, b"wifiPassword") && !contains(&cluster_bytes, b"\"properties\""), "JSON keys in clear on the cluster ports");
+    assert!(
+        !contains(&cluster_bytes, b"wifiPassword") && !contains(&cluster_bytes, b"\"properties\""),
+        "JSON keys in clear on the cluster ports"
+    );
     c.assert_no_panics();
 }

@@ -173,7 +173,10 @@ fn check_no_repeats(h: &History) {
                 pair[1].version
             );
             if pair[0].desired {
-                assert!(pair[1].desired_version > pair[0].desired_version, "writer {w}: desired $version not increasing");
+                assert!(
+                    pair[1].desired_version > pair[0].desired_version,
+                    "writer {w}: desired $version not increasing"
+                );
             }
         }
     }
@@ -219,8 +222,10 @@ async fn sigkill_during_writes_loses_no_acknowledged_write() {
             h.acks.extend(acks);
             h.last_attempted.insert(w, attempted);
         }
-        eprintln!("round {round}: {round_acks} acknowledged writes in {run_ms} ms before {}",
-                  if final_round { "SIGTERM" } else { "SIGKILL" });
+        eprintln!(
+            "round {round}: {round_acks} acknowledged writes in {run_ms} ms before {}",
+            if final_round { "SIGTERM" } else { "SIGKILL" }
+        );
         assert!(round_acks >= WRITERS, "round {round}: only {round_acks} writes acknowledged; the test proves nothing");
 
         if final_round {

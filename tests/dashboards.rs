@@ -64,7 +64,11 @@ fn the_dashboard_has_the_shape_grafana_imports() {
         for k in ["x", "y", "w", "h"] {
             assert!(p["gridPos"][k].as_u64().is_some(), "{}: gridPos.{k}", p["title"]);
         }
-        assert!(p["gridPos"]["x"].as_u64().unwrap() + p["gridPos"]["w"].as_u64().unwrap() <= 24, "{}: wider than the grid", p["title"]);
+        assert!(
+            p["gridPos"]["x"].as_u64().unwrap() + p["gridPos"]["w"].as_u64().unwrap() <= 24,
+            "{}: wider than the grid",
+            p["title"]
+        );
         if p["type"] == "row" {
             continue;
         }
@@ -117,7 +121,10 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported() {
     }
     let _ = api.send("GET", "/twins/nobody", None, &[]).await;
     let mut o = MqttOptions::new("dash-dev", "127.0.0.1", srv.mqtt_plain_port);
-    o.set_credentials("localhost/dash-dev/?api-version=2021-04-12", device_token("localhost", "dash-dev", None, &key, unix_now() + 3600));
+    o.set_credentials(
+        "localhost/dash-dev/?api-version=2021-04-12",
+        device_token("localhost", "dash-dev", None, &key, unix_now() + 3600),
+    );
     let (client, mut el) = AsyncClient::new(o, 16);
     client.subscribe("$iothub/twin/res/#", QoS::AtLeastOnce).await.unwrap();
     client.publish("$iothub/twin/GET/?$rid=1", QoS::AtLeastOnce, false, " ").await.unwrap();
@@ -171,7 +178,9 @@ fn follows_prometheus_naming(page: &str) {
         if !helps.contains(name) {
             wrong.push(format!("{name}: no HELP"));
         }
-        if !(name.starts_with("twinhub_") || name.starts_with("process_")) || name.chars().any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')) {
+        if !(name.starts_with("twinhub_") || name.starts_with("process_"))
+            || name.chars().any(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+        {
             wrong.push(format!("{name}: not a snake-case twinhub_/process_ name"));
         }
         match (kind.as_str(), name.ends_with("_total")) {

@@ -29,7 +29,10 @@ struct Watch {
 impl Watch {
     fn next(&self, within: Duration) -> Option<Value> {
         let line = self.lines.recv_timeout(within).ok()?;
-        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("watch printed a line that is not JSON ({e}): {line}")))
+        Some(
+            serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("watch printed a line that is not JSON ({e}): {line}")),
+        )
     }
 }
 
@@ -61,7 +64,9 @@ impl Seen {
 async fn take(item: Value, seen: &mut Seen, reread: &Api, dev: &str) {
     match item["event"].as_str() {
         Some("twinChangeEvents") => {
-            let v = item["data"]["body"]["version"].as_i64().unwrap_or_else(|| panic!("an event without a version: {item}"));
+            let v = item["data"]["body"]["version"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("an event without a version: {item}"));
             let m = item["data"]["merged"].as_i64().unwrap_or(1).max(1);
             if v < seen.last_version {
                 seen.went_back.push(format!("version {v} after {}", seen.last_version));
@@ -93,7 +98,9 @@ async fn a_feed_on_a_node_outside_the_shard_misses_no_acknowledged_change_throug
     let outsider = *ids.iter().find(|id| !replicas.contains(id)).expect("a node outside the shard");
     let (leader, _) = c.settled_leader(shard, &ids, Duration::ZERO).await;
     let writer_node = *ids.iter().find(|id| **id != outsider && **id != leader).expect("a writer node");
-    eprintln!("shard {shard}: replicas {replicas:?}, leader {leader}; consumer on {outsider}, writes through {writer_node}");
+    eprintln!(
+        "shard {shard}: replicas {replicas:?}, leader {leader}; consumer on {outsider}, writes through {writer_node}"
+    );
 
     let dev = device_on_shard("feed-", shard, SHARDS, &mut HashSet::new());
     let api_out = c.api(outsider);
@@ -101,7 +108,11 @@ async fn a_feed_on_a_node_outside_the_shard_misses_no_acknowledged_change_throug
 
     // The consumer: `twinhub watch` against the outsider, a real client that resumes by position.
     let ca = c.dir.join("shared/tls/ca.pem");
-    let cs = format!("HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey={}", c.node(outsider).http.port(), c.owner_key);
+    let cs = format!(
+        "HostName=localhost:{};SharedAccessKeyName=iothubowner;SharedAccessKey={}",
+        c.node(outsider).http.port(),
+        c.owner_key
+    );
     let mut child = twinhub_cmd()
         .args(["watch", "--device", &dev, "--connection-string", &cs, "--ca-file"])
         .arg(&ca)

@@ -181,7 +181,8 @@ fn drive(name: &'static str, f: fn(&[u8])) {
     let mut last: Vec<u8> = Vec::new();
     while start.elapsed() < budget {
         // Mostly fresh mutants of a seed; sometimes a mutant of the last mutant (deeper changes).
-        let base = if !last.is_empty() && rng.below(4) == 0 { last.clone() } else { seeds[rng.below(seeds.len())].clone() };
+        let base =
+            if !last.is_empty() && rng.below(4) == 0 { last.clone() } else { seeds[rng.below(seeds.len())].clone() };
         let input = mutate(&mut rng, base, &seeds, &dict);
         if let Some(msg) = check(f, &input) {
             fail(&input, &format!("mutant #{n}"), msg);
@@ -201,10 +202,14 @@ fn read_dir_files(dir: &Path) -> Vec<Vec<u8>> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
     paths.sort();
-    paths.iter().filter_map(|p| std::fs::read(p).ok()).map(|mut v| {
-        v.truncate(MAX_LEN);
-        v
-    }).collect()
+    paths
+        .iter()
+        .filter_map(|p| std::fs::read(p).ok())
+        .map(|mut v| {
+            v.truncate(MAX_LEN);
+            v
+        })
+        .collect()
 }
 
 /// A libFuzzer dictionary: one `"token"` (or `name="token"`) per line, `\\`, `\"` and `\xNN` escapes.
@@ -281,10 +286,42 @@ impl Rng {
 
 /// Edge values that parsers trip on: lengths, signs, UTF-8 lead bytes, MQTT varint continuation.
 const INTERESTING: &[&[u8]] = &[
-    b"\x00", b"\x01", b"\x7f", b"\x80", b"\xff", b"\xff\xff", b"\x00\x00", b"\xff\xff\xff\x7f", b"\x80\x80\x80\x80\x01",
-    b"-1", b"0", b"9223372036854775807", b"-9223372036854775808", b"18446744073709551616", b"1e308", b"4503599627370496",
-    b"\xc3\xa9", b"\xe2\x82", b"\xf0\x9f\x98\x80", b"%", b"%zz", b"%00", b"%C3%A9", b"&", b"=", b"/", b"?", b"\n", b"\r\n",
-    b"\"", b"\\", b"[", b"{", b"}", b"]", b"null",
+    b"\x00",
+    b"\x01",
+    b"\x7f",
+    b"\x80",
+    b"\xff",
+    b"\xff\xff",
+    b"\x00\x00",
+    b"\xff\xff\xff\x7f",
+    b"\x80\x80\x80\x80\x01",
+    b"-1",
+    b"0",
+    b"9223372036854775807",
+    b"-9223372036854775808",
+    b"18446744073709551616",
+    b"1e308",
+    b"4503599627370496",
+    b"\xc3\xa9",
+    b"\xe2\x82",
+    b"\xf0\x9f\x98\x80",
+    b"%",
+    b"%zz",
+    b"%00",
+    b"%C3%A9",
+    b"&",
+    b"=",
+    b"/",
+    b"?",
+    b"\n",
+    b"\r\n",
+    b"\"",
+    b"\\",
+    b"[",
+    b"{",
+    b"}",
+    b"]",
+    b"null",
 ];
 
 fn mutate(rng: &mut Rng, mut v: Vec<u8>, seeds: &[Vec<u8>], dict: &[Vec<u8>]) -> Vec<u8> {
@@ -357,7 +394,8 @@ fn mutate(rng: &mut Rng, mut v: Vec<u8>, seeds: &[Vec<u8>], dict: &[Vec<u8>]) ->
             }
             // Change an ASCII digit (lengths, versions, numbers in text).
             _ => {
-                let digits: Vec<usize> = v.iter().enumerate().filter(|(_, b)| b.is_ascii_digit()).map(|(i, _)| i).collect();
+                let digits: Vec<usize> =
+                    v.iter().enumerate().filter(|(_, b)| b.is_ascii_digit()).map(|(i, _)| i).collect();
                 if !digits.is_empty() {
                     let i = digits[rng.below(digits.len())];
                     v[i] = b'0' + rng.below(10) as u8;
@@ -548,7 +586,9 @@ mod seeds {
         let device = device_token(&enc(&format!("{HUB}/devices/d1")), SE).expect("device token");
         let module = device_token(&enc(&format!("{HUB}/devices/d1/modules/m1")), SE).expect("module token");
         let python = format!("{HUB}/d1/?api-version=2021-04-12&DeviceClientType=azure-iot-device%2F2.14.0");
-        let csharp = format!("{HUB}/d1/?api-version=2021-04-12&DeviceClientType=Microsoft.Azure.Devices.Client%2F1.42.0%20%28.NET%29");
+        let csharp = format!(
+            "{HUB}/d1/?api-version=2021-04-12&DeviceClientType=Microsoft.Azure.Devices.Client%2F1.42.0%20%28.NET%29"
+        );
         let node = format!("{HUB}/d1/m1/?api-version=2021-04-12&DeviceClientType=azure-iot-device%2F1.18.0%20%28node%29&model-id=dtmi%3Acom%3Aexample%3AThermostat%3B1");
         let mut get_only = connect(false, "d1", &format!("{HUB}/d1/"), &device, true, 240);
         get_only.extend(publish(false, 1, 9, "$iothub/twin/GET/?$rid=1", b""));
@@ -635,11 +675,26 @@ mod seeds {
 
     pub fn twin_json() -> Vec<(&'static str, Vec<u8>)> {
         let v: Vec<(&str, &str)> = vec![
-            ("patch", r#"{"tags":{"location":{"region":"US","plant":"Redmond43"}},"properties":{"desired":{"telemetryConfig":{"sendFrequencyInSecs":300}}}}"#),
-            ("sdk_twin", r#"{"deviceId":"d1","etag":"AAAAAAAAAAE=","version":3,"status":"enabled","tags":{"a":null},"properties":{"desired":{"$version":2,"x":1.5e3},"reported":{}}}"#),
-            ("reported", r#"{"firmware":{"version":"1.2.3"},"batteryLevel":87,"list":[1,"two",{"three":3}],"gone":null}"#),
-            ("deep", r#"{"tags":{"one":{"two":{"three":{"four":{"five":{"six":{"seven":{"eight":{"nine":{"ten":{"property":1}}}}}}}}}}}}"#),
-            ("bad_keys", r#"{"tags":{"a.b":1,"$c":2," d":3,"e\u0000":4},"properties":{"desired":{"big":4503599627370496}}}"#),
+            (
+                "patch",
+                r#"{"tags":{"location":{"region":"US","plant":"Redmond43"}},"properties":{"desired":{"telemetryConfig":{"sendFrequencyInSecs":300}}}}"#,
+            ),
+            (
+                "sdk_twin",
+                r#"{"deviceId":"d1","etag":"AAAAAAAAAAE=","version":3,"status":"enabled","tags":{"a":null},"properties":{"desired":{"$version":2,"x":1.5e3},"reported":{}}}"#,
+            ),
+            (
+                "reported",
+                r#"{"firmware":{"version":"1.2.3"},"batteryLevel":87,"list":[1,"two",{"three":3}],"gone":null}"#,
+            ),
+            (
+                "deep",
+                r#"{"tags":{"one":{"two":{"three":{"four":{"five":{"six":{"seven":{"eight":{"nine":{"ten":{"property":1}}}}}}}}}}}}"#,
+            ),
+            (
+                "bad_keys",
+                r#"{"tags":{"a.b":1,"$c":2," d":3,"e\u0000":4},"properties":{"desired":{"big":4503599627370496}}}"#,
+            ),
             ("unicode", "{\"tags\":{\"caf\u{e9}\":\"\u{1f600}\\ud83d\\ude00\"}}"),
         ];
         v.into_iter().map(|(n, t)| (n, t.as_bytes().to_vec())).collect()
@@ -663,8 +718,10 @@ mod seeds {
         let body = wire::encode(&ShardRequest { shard: 3, rpc: vote }).expect("encode");
         // A heartbeat-plus-one-entry append from leader (term 5, node 2).
         use openraft::vote::RaftLeaderId;
-        let log_id = |index| twinhub::shard::types::LogId::new(openraft::impls::leader_id_adv::LeaderId::new(5u64, 2u64), index);
-        let entry = twinhub::shard::types::Entry { log_id: log_id(10), payload: openraft::EntryPayload::Normal(cmd.clone()) };
+        let log_id =
+            |index| twinhub::shard::types::LogId::new(openraft::impls::leader_id_adv::LeaderId::new(5u64, 2u64), index);
+        let entry =
+            twinhub::shard::types::Entry { log_id: log_id(10), payload: openraft::EntryPayload::Normal(cmd.clone()) };
         let append = openraft::raft::AppendEntriesRequest::<TypeConfig> {
             vote: openraft::impls::Vote::new_committed(5, 2),
             prev_log_id: Some(log_id(9)),
@@ -680,7 +737,10 @@ mod seeds {
             ("vote", body.clone()),
             ("append", append),
             ("failure_unknown_shard", wire::encode(&RpcFailure::UnknownShard(4)).expect("encode")),
-            ("failure_group_stopped", wire::encode(&RpcFailure::GroupStopped { shard: 1, msg: "storage".into() }).expect("encode")),
+            (
+                "failure_group_stopped",
+                wire::encode(&RpcFailure::GroupStopped { shard: 1, msg: "storage".into() }).expect("encode"),
+            ),
             ("forwarded_write", postcard::to_allocvec(&(TwinId::module("d1", "m1"), cmd.clone())).expect("encode")),
             ("map_write_json", serde_json::to_vec(&cmd).expect("encode")),
             ("event_tail", postcard::to_allocvec(&(2u32, Some(17u64))).expect("encode")),

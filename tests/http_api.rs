@@ -54,9 +54,7 @@ fn assert_timestamp(v: &Value, what: &str) {
         && b[b.len() - 1] == b'Z'
         && b[20..b.len() - 1].iter().all(u8::is_ascii_digit)
         && b.len() - 21 >= 3
-        && [0..4, 5..7, 8..10, 11..13, 14..16, 17..19]
-            .into_iter()
-            .all(|r| b[r].iter().all(u8::is_ascii_digit));
+        && [0..4, 5..7, 8..10, 11..13, 14..16, 17..19].into_iter().all(|r| b[r].iter().all(u8::is_ascii_digit));
     assert!(ok, "{what}: {s:?} is not ISO-8601 UTC with milliseconds");
 }
 
@@ -154,8 +152,7 @@ async fn registry_crud_generated_keys_conflicts_and_if_match() {
     // Update with the stale etag → 412, unchanged.
     let mut upd2 = g1.clone();
     upd2["status"] = json!("enabled");
-    api.must_err(412, PRECONDITION_FAILED, "PUT", "/devices/d1", Some(&upd2), &[("If-Match", &quoted(&e1))])
-        .await;
+    api.must_err(412, PRECONDITION_FAILED, "PUT", "/devices/d1", Some(&upd2), &[("If-Match", &quoted(&e1))]).await;
     let g = api.must_get("/devices/d1").await;
     assert_eq!(g["status"], "disabled");
     assert_eq!(etag_of(&g), e1b);
@@ -179,8 +176,7 @@ async fn registry_crud_generated_keys_conflicts_and_if_match() {
     api.must_err(404, DEVICE_NOT_FOUND, "GET", "/devices/ghost", None, &[]).await;
 
     // DELETE with a stale etag → 412, still there.
-    api.must_err(412, PRECONDITION_FAILED, "DELETE", "/devices/d1", None, &[("If-Match", &quoted(&e1))])
-        .await;
+    api.must_err(412, PRECONDITION_FAILED, "DELETE", "/devices/d1", None, &[("If-Match", &quoted(&e1))]).await;
     api.must_get("/devices/d1").await;
     api.must_get_twin("d1").await;
 
@@ -277,7 +273,10 @@ async fn modules_limit_and_cascading_delete() {
 
     let g = api.must_get("/devices/dm/modules/m1").await;
     assert_eq!(g["moduleId"], "m1");
-    assert_eq!(g.pointer("/authentication/symmetricKey/primaryKey"), m1.pointer("/authentication/symmetricKey/primaryKey"));
+    assert_eq!(
+        g.pointer("/authentication/symmetricKey/primaryKey"),
+        m1.pointer("/authentication/symmetricKey/primaryKey")
+    );
 
     // Module twin: its own document and versions, independent of the device twin.
     let mt = api.must_get("/twins/dm/modules/m1").await;
@@ -366,7 +365,11 @@ async fn list_with_top_and_statistics() {
     let api = srv.owner();
     let stats = api.must_get("/statistics/devices").await;
     assert_eq!(
-        (stats["totalDeviceCount"].as_i64(), stats["enabledDeviceCount"].as_i64(), stats["disabledDeviceCount"].as_i64()),
+        (
+            stats["totalDeviceCount"].as_i64(),
+            stats["enabledDeviceCount"].as_i64(),
+            stats["disabledDeviceCount"].as_i64()
+        ),
         (Some(0), Some(0), Some(0)),
         "empty hub statistics: {stats}"
     );
@@ -469,9 +472,7 @@ async fn twin_shape_merge_null_and_metadata() {
     assert_eq!(twin_state(&g), twin_state(&t1));
 
     // Nested merge: change one leaf, add one, the rest stays.
-    let t2 = api
-        .must_patch_twin("t1", &json!({"properties": {"desired": {"cfg": {"rate": 10, "extra": true}}}}))
-        .await;
+    let t2 = api.must_patch_twin("t1", &json!({"properties": {"desired": {"cfg": {"rate": 10, "extra": true}}}})).await;
     assert_eq!(
         user_props(&t2["properties"]["desired"]),
         json!({"cfg": {"rate": 10, "mode": "fast", "extra": true}, "name": "x", "arr": [1, {"a": 2}]})
@@ -488,7 +489,8 @@ async fn twin_shape_merge_null_and_metadata() {
     assert_ne!(e2, e1);
 
     // null removes a key; its parent's metadata records the change.
-    let t3 = api.must_patch_twin("t1", &json!({"properties": {"desired": {"cfg": {"mode": null}, "name": null}}})).await;
+    let t3 =
+        api.must_patch_twin("t1", &json!({"properties": {"desired": {"cfg": {"mode": null}, "name": null}}})).await;
     assert_eq!(
         user_props(&t3["properties"]["desired"]),
         json!({"cfg": {"rate": 10, "extra": true}, "arr": [1, {"a": 2}]})
@@ -525,12 +527,16 @@ async fn twin_shape_merge_null_and_metadata() {
     assert_updated_timestamp(&t6["properties"]["desired"]["$metadata"]["$lastUpdated"], "cleared desired");
 
     // Reported cannot be written by the service: the twin's reported section stays as it was.
-    let r = api
-        .send("PATCH", "/twins/t1", Some(&json!({"properties": {"reported": {"x": 1}}})), &[])
-        .await;
+    let r = api.send("PATCH", "/twins/t1", Some(&json!({"properties": {"reported": {"x": 1}}})), &[]).await;
     assert_error(&r, 400, ARGUMENT_INVALID);
     let after = api.must_get_twin("t1").await;
-    assert_eq!(user_props(&after["properties"]["reported"]), json!({}), "service wrote reported ({}): {}", r.status, r.text);
+    assert_eq!(
+        user_props(&after["properties"]["reported"]),
+        json!({}),
+        "service wrote reported ({}): {}",
+        r.status,
+        r.text
+    );
     assert_eq!(reported_version(&after), 1);
 
     // Etags seen so far are all distinct.
@@ -605,9 +611,7 @@ async fn twin_put_replace_and_etag_concurrency() {
     assert_eq!(twin_state(&g), twin_state(&t2), "a 412 changed the twin");
 
     // Current etag, quoted, with or without W/.
-    let t3 = api
-        .must_ok("PATCH", "/twins/tr", Some(&json!({"tags": {"k": 3}})), &[("If-Match", &quoted(&e2))])
-        .await;
+    let t3 = api.must_ok("PATCH", "/twins/tr", Some(&json!({"tags": {"k": 3}})), &[("If-Match", &quoted(&e2))]).await;
     let e3 = etag_of(&t3);
     let t4 = api
         .must_ok(
@@ -619,12 +623,15 @@ async fn twin_put_replace_and_etag_concurrency() {
         .await;
     let e4 = etag_of(&t4);
     // "*" matches any etag.
-    let t5 = api
-        .must_ok("PATCH", "/twins/tr", Some(&json!({"tags": {"k": 5}})), &[("If-Match", "\"*\"")])
-        .await;
+    let t5 = api.must_ok("PATCH", "/twins/tr", Some(&json!({"tags": {"k": 5}})), &[("If-Match", "\"*\"")]).await;
     let e5 = etag_of(&t5);
     let t6 = api
-        .must_ok("PUT", "/twins/tr", Some(&json!({"tags": {"k": 6}, "properties": {"desired": {"k": 6}}})), &[("If-Match", "\"*\"")])
+        .must_ok(
+            "PUT",
+            "/twins/tr",
+            Some(&json!({"tags": {"k": 6}, "properties": {"desired": {"k": 6}}})),
+            &[("If-Match", "\"*\"")],
+        )
         .await;
     let e6 = etag_of(&t6);
     let mut all = vec![e1.clone(), e2.clone(), e3.clone(), e4, e5, e6];
@@ -700,14 +707,20 @@ async fn sas_auth_failures_and_policy_permissions() {
     let cases: Vec<(&str, Option<String>)> = vec![
         ("no Authorization header", None),
         ("garbage header", Some("Bearer abc".into())),
-        ("token without signature", Some(format!("SharedAccessSignature sr={}&se={}&skn=iothubowner", py_quote_plus(&host), unix_now() + 3600))),
+        (
+            "token without signature",
+            Some(format!("SharedAccessSignature sr={}&se={}&skn=iothubowner", py_quote_plus(&host), unix_now() + 3600)),
+        ),
         (
             "signed with a wrong key",
             Some(service_sas(&host, "iothubowner", "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXk=", unix_now() + 3600)),
         ),
         ("expired", Some(service_sas(&host, "iothubowner", owner_key, unix_now() - 60))),
         ("unknown policy", Some(service_sas(&host, "nosuchpolicy", owner_key, unix_now() + 3600))),
-        ("another hub's resource", Some(service_sas("otherhub.example.com", "iothubowner", owner_key, unix_now() + 3600))),
+        (
+            "another hub's resource",
+            Some(service_sas("otherhub.example.com", "iothubowner", owner_key, unix_now() + 3600)),
+        ),
         (
             "tampered expiry",
             Some(service_sas(&host, "iothubowner", owner_key, unix_now() + 3600).replace("&se=", "&se=9")),
@@ -753,7 +766,15 @@ async fn sas_auth_failures_and_policy_permissions() {
     sv.must_get_twin("a1").await;
     let t = sv.must_patch_twin("a1", &json!({"tags": {"by": "service"}})).await;
     assert_eq!(tags_of(&t), json!({"by": "service"}));
-    sv.must_err(401, UNAUTHORIZED, "PUT", "/devices/a3", Some(&json!({"deviceId": "a3", "authentication": {"symmetricKey": {}}})), &[]).await;
+    sv.must_err(
+        401,
+        UNAUTHORIZED,
+        "PUT",
+        "/devices/a3",
+        Some(&json!({"deviceId": "a3", "authentication": {"symmetricKey": {}}})),
+        &[],
+    )
+    .await;
     api.must_err(404, DEVICE_NOT_FOUND, "GET", "/devices/a3", None, &[]).await;
 
     // A different policy's key does not work for this policy.
@@ -790,9 +811,8 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
     let srv = Server::start_default();
     let api = srv.owner();
     api.must_create_device("lim").await;
-    let base = api
-        .must_patch_twin("lim", &json!({"tags": {"keep": "me"}, "properties": {"desired": {"keep": 1}}}))
-        .await;
+    let base =
+        api.must_patch_twin("lim", &json!({"tags": {"keep": "me"}, "properties": {"desired": {"keep": 1}}})).await;
 
     // Malformed JSON.
     for (what, body) in [
@@ -813,33 +833,65 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
     assert_eq!(twin_state(&api.must_get_twin("lim").await), twin_state(&base));
 
     // Key rules.
-    for (k, why) in [("a.b", "dot"), ("a$b", "dollar"), ("$bad", "leading dollar"), ("a b", "space"), ("a\u{1}b", "control")] {
+    for (k, why) in
+        [("a.b", "dot"), ("a$b", "dollar"), ("$bad", "leading dollar"), ("a b", "space"), ("a\u{1}b", "control")]
+    {
         let _ = why;
         must_reject_patch(&api, "lim", &json!({"tags": {"tagKeyParent": {(k): 1}}}), "tagKeyParent", &base).await;
-        must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"deskey": {(k): 1}}}}), "deskey", &base).await;
+        must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"deskey": {(k): 1}}}}), "deskey", &base)
+            .await;
     }
     // Key length: 1024 bytes passes, 1025 fails.
     let k1025 = "k".repeat(1025);
-    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"longKeyParent": {(k1025.clone()): 1}}}}), "longKeyParent", &base).await;
+    must_reject_patch(
+        &api,
+        "lim",
+        &json!({"properties": {"desired": {"longKeyParent": {(k1025.clone()): 1}}}}),
+        "longKeyParent",
+        &base,
+    )
+    .await;
     // String length: 4096 bytes passes, 4097 fails.
-    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"longString": "s".repeat(4097)}}}), "longString", &base).await;
+    must_reject_patch(
+        &api,
+        "lim",
+        &json!({"properties": {"desired": {"longString": "s".repeat(4097)}}}),
+        "longString",
+        &base,
+    )
+    .await;
     must_reject_patch(&api, "lim", &json!({"tags": {"longTag": "s".repeat(4097)}}), "longTag", &base).await;
     // Integers within ±2^52.
-    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"bigInt": 4503599627370496i64}}}), "bigInt", &base).await;
-    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"smallInt": -4503599627370497i64}}}), "smallInt", &base).await;
+    must_reject_patch(
+        &api,
+        "lim",
+        &json!({"properties": {"desired": {"bigInt": 4503599627370496i64}}}),
+        "bigInt",
+        &base,
+    )
+    .await;
+    must_reject_patch(
+        &api,
+        "lim",
+        &json!({"properties": {"desired": {"smallInt": -4503599627370497i64}}}),
+        "smallInt",
+        &base,
+    )
+    .await;
     must_reject_patch(&api, "lim", &json!({"tags": {"bigTagInt": 9007199254740993i64}}), "bigTagInt", &base).await;
     // Depth: 11 nested objects under desired breaks the limit of 10 however the root is counted.
-    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"deep": nested(11, json!(1))}}}), "deep", &base).await;
+    must_reject_patch(&api, "lim", &json!({"properties": {"desired": {"deep": nested(11, json!(1))}}}), "deep", &base)
+        .await;
     must_reject_patch(&api, "lim", &json!({"tags": {"deepTag": nested(11, json!(1))}}), "deepTag", &base).await;
     // Section sizes: tags > 8 KB, desired > 32 KB (each string within its own limit).
     let big_tags: serde_json::Map<String, Value> = (0..3).map(|i| (format!("t{i}"), json!("x".repeat(3000)))).collect();
     must_reject_patch(&api, "lim", &json!({"tags": big_tags}), "tags", &base).await;
-    let big_desired: serde_json::Map<String, Value> = (0..9).map(|i| (format!("d{i}"), json!("x".repeat(4000)))).collect();
+    let big_desired: serde_json::Map<String, Value> =
+        (0..9).map(|i| (format!("d{i}"), json!("x".repeat(4000)))).collect();
     must_reject_patch(&api, "lim", &json!({"properties": {"desired": big_desired.clone()}}), "desired", &base).await;
     // Replace with an oversized document.
-    let r = api
-        .send("PUT", "/twins/lim", Some(&json!({"tags": {}, "properties": {"desired": big_desired}})), &[])
-        .await;
+    let r =
+        api.send("PUT", "/twins/lim", Some(&json!({"tags": {}, "properties": {"desired": big_desired}})), &[]).await;
     assert_error(&r, 400, ARGUMENT_INVALID);
     assert!(r.message().contains("desired"), "message must name desired: {}", r.message());
     assert_eq!(twin_state(&api.must_get_twin("lim").await), twin_state(&base));
@@ -874,9 +926,7 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
     must_reject_patch(&api, "lim", &json!({"tags": other}), "tags", &cur).await;
 
     // Body members outside tags/properties.desired must not change identity fields.
-    let r = api
-        .send("PATCH", "/twins/lim", Some(&json!({"deviceId": "other", "tags": {"z": 1}})), &[])
-        .await;
+    let r = api.send("PATCH", "/twins/lim", Some(&json!({"deviceId": "other", "tags": {"z": 1}})), &[]).await;
     let after = api.must_get_twin("lim").await;
     assert_eq!(after["deviceId"], "lim", "PATCH changed the deviceId ({}: {})", r.status, r.text);
 }
@@ -952,7 +1002,13 @@ async fn edge_scopes_for_edge_devices_and_their_children() {
     let srv = Server::start_default();
     let api = srv.owner();
     let edge = api
-        .must(200, "PUT", "/devices/gateway", Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}})), &[])
+        .must(
+            200,
+            "PUT",
+            "/devices/gateway",
+            Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}})),
+            &[],
+        )
         .await
         .json()
         .clone();
@@ -962,7 +1018,8 @@ async fn edge_scopes_for_edge_devices_and_their_children() {
     let plain = api.must_create_device("plain").await;
     assert_eq!(plain["deviceScope"], Value::Null, "{plain}");
 
-    let leaf = api.must(200, "PUT", "/devices/leaf", Some(&json!({"deviceId": "leaf", "deviceScope": scope})), &[]).await;
+    let leaf =
+        api.must(200, "PUT", "/devices/leaf", Some(&json!({"deviceId": "leaf", "deviceScope": scope})), &[]).await;
     assert_eq!(leaf.json()["deviceScope"], json!(scope));
     assert_eq!(leaf.json()["parentScopes"], json!([scope]));
     let twin = api.must_get_twin("leaf").await;
@@ -970,15 +1027,37 @@ async fn edge_scopes_for_edge_devices_and_their_children() {
 
     // An update without scope fields keeps the parent; the scope itself survives updates.
     let etag = leaf.json()["etag"].as_str().unwrap().to_string();
-    let r = api.must(200, "PUT", "/devices/leaf", Some(&json!({"deviceId": "leaf", "status": "disabled"})), &[("If-Match", &quoted(&etag))]).await;
+    let r = api
+        .must(
+            200,
+            "PUT",
+            "/devices/leaf",
+            Some(&json!({"deviceId": "leaf", "status": "disabled"})),
+            &[("If-Match", &quoted(&etag))],
+        )
+        .await;
     assert_eq!(r.json()["deviceScope"], json!(scope));
     let etag = edge["etag"].as_str().unwrap().to_string();
-    let again = api.must(200, "PUT", "/devices/gateway", Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}, "deviceScope": scope})), &[("If-Match", &quoted(&etag))]).await;
+    let again = api
+        .must(
+            200,
+            "PUT",
+            "/devices/gateway",
+            Some(&json!({"deviceId": "gateway", "capabilities": {"iotEdge": true}, "deviceScope": scope})),
+            &[("If-Match", &quoted(&etag))],
+        )
+        .await;
     assert_eq!(again.json()["deviceScope"], json!(scope), "an edge device keeps its scope");
 
     // A nested edge device names its parent in parentScopes and keeps its own scope.
     let child = api
-        .must(200, "PUT", "/devices/child-edge", Some(&json!({"deviceId": "child-edge", "capabilities": {"iotEdge": true}, "parentScopes": [scope]})), &[])
+        .must(
+            200,
+            "PUT",
+            "/devices/child-edge",
+            Some(&json!({"deviceId": "child-edge", "capabilities": {"iotEdge": true}, "parentScopes": [scope]})),
+            &[],
+        )
         .await
         .json()
         .clone();

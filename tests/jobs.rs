@@ -46,7 +46,8 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
     assert_eq!(created.json()["jobId"], "fw-43");
     assert_eq!(created.json()["type"], "scheduleUpdateTwin");
     let done = wait_status(&api, "fw-43", "completed", Duration::from_secs(60)).await;
-    let matching: Vec<&(String, &str, Value)> = before.iter().filter(|(_, b, t)| *b == "b43" && t["tags"]["battery"].as_i64().unwrap() < 20).collect();
+    let matching: Vec<&(String, &str, Value)> =
+        before.iter().filter(|(_, b, t)| *b == "b43" && t["tags"]["battery"].as_i64().unwrap() < 20).collect();
     assert_eq!(matching.len(), 10);
     assert_eq!(done["deviceJobStatistics"]["deviceCount"], 10, "{done}");
     assert_eq!(done["deviceJobStatistics"]["succeededCount"], 10, "{done}");
@@ -66,12 +67,23 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
     }
 
     // The per-device rows, through the query language.
-    let r = api.send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices.jobs WHERE devices.jobs.jobId = 'fw-43'"})), &[]).await;
+    let r = api
+        .send(
+            "POST",
+            "/devices/query",
+            Some(&json!({"query": "SELECT * FROM devices.jobs WHERE devices.jobs.jobId = 'fw-43'"})),
+            &[],
+        )
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.headers.get("x-ms-item-type").map(String::as_str), Some("deviceJob"));
     let rows = r.json().as_array().expect("rows").clone();
     assert_eq!(rows.len(), 10, "{}", r.text);
-    assert!(rows.iter().all(|row| row["status"] == "completed" && row["jobType"] == "scheduleUpdateTwin"), "{}", r.text);
+    assert!(
+        rows.iter().all(|row| row["status"] == "completed" && row["jobType"] == "scheduleUpdateTwin"),
+        "{}",
+        r.text
+    );
     let mut devs: Vec<&str> = rows.iter().map(|row| row["deviceId"].as_str().unwrap()).collect();
     devs.sort();
     let mut want: Vec<&str> = matching.iter().map(|(id, _, _)| id.as_str()).collect();
@@ -103,14 +115,28 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
     assert_error(&api.send("POST", "/jobs/v2/nope/cancel", None, &[]).await, 404, "JobNotFound");
     let api = &api;
     let bad = |patch: Value| async move { api.send("PUT", "/jobs/v2/bad", Some(&patch), &[]).await };
-    assert_error(&bad(json!({"type": "firmwareUpdate", "queryCondition": "deviceId = 'x'"})).await, 400, "ArgumentInvalid");
-    assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'"})).await, 400, "ArgumentInvalid");
+    assert_error(
+        &bad(json!({"type": "firmwareUpdate", "queryCondition": "deviceId = 'x'"})).await,
+        400,
+        "ArgumentInvalid",
+    );
+    assert_error(
+        &bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'"})).await,
+        400,
+        "ArgumentInvalid",
+    );
     assert_error(&bad(json!({"type": "scheduleDeviceMethod", "queryCondition": "deviceId = 'x'", "cloudToDeviceMethod": {"methodName": ""}})).await, 400, "ArgumentInvalid");
-    let r = bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = = 1", "updateTwin": {"tags": {"a": 1}}})).await;
+    let r =
+        bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = = 1", "updateTwin": {"tags": {"a": 1}}}))
+            .await;
     assert_error(&r, 400, "ArgumentInvalid");
     assert!(r.text.contains("position"), "{}", r.text);
     assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"bad.key": 1}}})).await, 400, "ArgumentInvalid");
-    assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {}})).await, 400, "ArgumentInvalid");
+    assert_error(
+        &bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {}})).await,
+        400,
+        "ArgumentInvalid",
+    );
     assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}, "startTime": "yesterday"})).await, 400, "ArgumentInvalid");
     assert_error(&api.send("GET", "/jobs/v2/bad", None, &[]).await, 404, "JobNotFound");
     let r = api.send("PUT", "/jobs/v2/fw-43", Some(&json!({"jobId": "fw-43", "type": "scheduleUpdateTwin", "queryCondition": "tags.a = 2", "updateTwin": {"tags": {"a": 1}}})), &[]).await;

@@ -113,8 +113,9 @@ struct Res {
 
 impl Res {
     fn json(&self) -> Value {
-        serde_json::from_slice(&self.payload)
-            .unwrap_or_else(|e| panic!("response on {} is not JSON ({e}): {:?}", self.topic, String::from_utf8_lossy(&self.payload)))
+        serde_json::from_slice(&self.payload).unwrap_or_else(|e| {
+            panic!("response on {} is not JSON ({e}): {:?}", self.topic, String::from_utf8_lossy(&self.payload))
+        })
     }
 
     /// `&$version=` of a 204.
@@ -346,7 +347,9 @@ async fn raw_socket(srv: &Server) -> tokio::net::TcpStream {
 /// A raw MQTT 3.1.1 connection, CONNACK checked.
 async fn raw_session(srv: &Server, ident: &Ident, keep_alive: u16) -> tokio::net::TcpStream {
     let mut s = raw_socket(srv).await;
-    s.write_all(&raw_connect(b"MQTT", 4, keep_alive, &ident.client_id(), &ident.username(), &ident.token())).await.unwrap();
+    s.write_all(&raw_connect(b"MQTT", 4, keep_alive, &ident.client_id(), &ident.username(), &ident.token()))
+        .await
+        .unwrap();
     let mut ack = [0u8; 4];
     tokio::time::timeout(WAIT, s.read_exact(&mut ack)).await.expect("CONNACK in time").unwrap();
     assert_eq!(ack, [0x20, 2, 0, 0], "CONNACK accepted");
@@ -412,7 +415,10 @@ async fn get_twin_answers_properties_only_even_without_a_response_subscription()
     assert_eq!(r.json(), body);
 
     // A subscription to res/# changes nothing about who gets the answer.
-    assert_eq!(d.subscribe("$iothub/twin/res/#", QoS::AtLeastOnce).await, SubscribeReasonCode::Success(QoS::AtLeastOnce));
+    assert_eq!(
+        d.subscribe("$iothub/twin/res/#", QoS::AtLeastOnce).await,
+        SubscribeReasonCode::Success(QoS::AtLeastOnce)
+    );
     assert_eq!(d.get_twin().await, body);
 
     // The device is deleted while connected: 404 with IoT Hub's error body.
@@ -477,11 +483,19 @@ async fn bad_reported_patches_are_400_with_error_body_and_change_nothing() {
     for (payload, needle) in cases {
         let rid = next_rid();
         let r = d.request("$iothub/twin/PATCH/properties/reported/", &rid, QoS::AtLeastOnce, payload.clone()).await;
-        assert_eq!(r.topic, format!("$iothub/twin/res/400/?$rid={rid}"), "payload {:?}", String::from_utf8_lossy(&payload));
+        assert_eq!(
+            r.topic,
+            format!("$iothub/twin/res/400/?$rid={rid}"),
+            "payload {:?}",
+            String::from_utf8_lossy(&payload)
+        );
         let body = r.json();
         assert_eq!(body["errorCode"], 400004, "{body}");
         let msg = body["message"].as_str().unwrap_or_default();
-        assert!(msg.contains(needle) || msg.to_lowercase().contains(&needle.to_lowercase()), "message {msg:?} should name {needle:?}");
+        assert!(
+            msg.contains(needle) || msg.to_lowercase().contains(&needle.to_lowercase()),
+            "message {msg:?} should name {needle:?}"
+        );
         assert!(body["trackingId"].as_str().is_some_and(|t| !t.is_empty()), "{body}");
         assert!(body["timestampUtc"].as_str().is_some_and(|t| t.ends_with('Z')), "{body}");
     }
@@ -675,7 +689,11 @@ async fn every_auth_refusal_has_its_connack_code() {
             with("authdev", &dev.username(), &device_token("localhost", "authdev", None, &dev.key, unix_now() - 10)),
             ConnectReturnCode::BadUserNamePassword,
         ),
-        ("token for another device", with("authdev", &dev.username(), &other.token()), ConnectReturnCode::BadUserNamePassword),
+        (
+            "token for another device",
+            with("authdev", &dev.username(), &other.token()),
+            ConnectReturnCode::BadUserNamePassword,
+        ),
         (
             "unknown device",
             with("ghost", &format!("localhost/ghost/?{API}"), &device_token("localhost", "ghost", None, &dev.key, exp)),
@@ -689,8 +707,16 @@ async fn every_auth_refusal_has_its_connack_code() {
             ConnectReturnCode::BadUserNamePassword,
         ),
         ("invalid client id", with("auth dev", &dev.username(), &dev.token()), ConnectReturnCode::BadClientId),
-        ("too many client id levels", with("authdev/m/x", &dev.username(), &dev.token()), ConnectReturnCode::BadClientId),
-        ("garbage token", with("authdev", &dev.username(), "SharedAccessSignature nonsense"), ConnectReturnCode::BadUserNamePassword),
+        (
+            "too many client id levels",
+            with("authdev/m/x", &dev.username(), &dev.token()),
+            ConnectReturnCode::BadClientId,
+        ),
+        (
+            "garbage token",
+            with("authdev", &dev.username(), "SharedAccessSignature nonsense"),
+            ConnectReturnCode::BadUserNamePassword,
+        ),
     ];
     for (what, o, want) in cases {
         match connect(o).await {
@@ -715,7 +741,11 @@ async fn every_auth_refusal_has_its_connack_code() {
     };
     use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as V5Code;
     for (what, o, want) in [
-        ("v5 bad signature", v5("authdev", device_token("localhost", "authdev", None, &other.key, exp)), V5Code::BadUserNamePassword),
+        (
+            "v5 bad signature",
+            v5("authdev", device_token("localhost", "authdev", None, &other.key, exp)),
+            V5Code::BadUserNamePassword,
+        ),
         ("v5 disabled", v5("offdev", disabled.token()), V5Code::NotAuthorized),
         ("v5 invalid client id", v5("a b", dev.token()), V5Code::ClientIdentifierNotValid),
     ] {
@@ -793,7 +823,9 @@ async fn protocol_violations_close_the_connection() {
     // Invalid filters are refused in SUBACK (0x80), valid ones granted at most QoS 1; the connection
     // stays up. (rumqttc refuses to send invalid filters, hence raw bytes.)
     let mut s = raw_session(&srv, &dev, 60).await;
-    s.write_all(&raw_subscribe(7, &[("a/#/b", 1), ("$iothub/twin/res/#", 2), ("x+", 0), ("", 0), ("+/#", 0)])).await.unwrap();
+    s.write_all(&raw_subscribe(7, &[("a/#/b", 1), ("$iothub/twin/res/#", 2), ("x+", 0), ("", 0), ("+/#", 0)]))
+        .await
+        .unwrap();
     let mut suback = [0u8; 9];
     tokio::time::timeout(WAIT, s.read_exact(&mut suback)).await.expect("SUBACK in time").unwrap();
     assert_eq!(suback, [0x90, 7, 0, 7, 0x80, 1, 0x80, 0x80, 0]);
@@ -866,7 +898,12 @@ async fn mqtt5_client_gets_the_twin_and_patches_reported() {
     let body: Value = serde_json::from_slice(&payload).unwrap();
     assert_eq!(body["reported"]["$version"], 1);
     client
-        .publish("$iothub/twin/PATCH/properties/reported/?$rid=p5", Q5::AtLeastOnce, false, json!({"v5": true}).to_string())
+        .publish(
+            "$iothub/twin/PATCH/properties/reported/?$rid=p5",
+            Q5::AtLeastOnce,
+            false,
+            json!({"v5": true}).to_string(),
+        )
         .await
         .unwrap();
     let (topic, payload) = tokio::time::timeout(WAIT, rx.recv()).await.expect("PATCH answer in time").expect("answer");
@@ -962,7 +999,11 @@ async fn a_burst_of_desired_patches_coalesces_for_a_slow_device() {
             }
         }
     });
-    assert_eq!(tokio::time::timeout(WAIT, rx.recv()).await.expect("SUBACK in time"), Some(None), "first event is the SUBACK");
+    assert_eq!(
+        tokio::time::timeout(WAIT, rx.recv()).await.expect("SUBACK in time"),
+        Some(None),
+        "first event is the SUBACK"
+    );
     let start = api.must_get_twin("burst-dev").await;
     let mut view = user_props(&start["properties"]["desired"]);
     let start_version = desired_version(&start);

@@ -90,18 +90,27 @@ async fn queries_scatter_over_shards_and_page() {
     let r = query(&api, "SELECT TOP 3 deviceId, tags.building AS b FROM devices WHERE tags.n >= 10", &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.headers.get("x-ms-item-type").map(String::as_str), Some("raw"));
-    assert_eq!(r.json(), &json!([{"deviceId": "q-10", "b": "b44"}, {"deviceId": "q-11", "b": "b45"}, {"deviceId": "q-12", "b": "b43"}]));
+    assert_eq!(
+        r.json(),
+        &json!([{"deviceId": "q-10", "b": "b44"}, {"deviceId": "q-11", "b": "b45"}, {"deviceId": "q-12", "b": "b43"}])
+    );
 
     // Aggregates merge across shards.
     let r = query(&api, "SELECT COUNT() AS n FROM devices", &[]).await;
     assert_eq!(r.json(), &json!([{"n": 30}]), "{}", r.text);
-    let r = query(&api, "SELECT tags.building AS building, COUNT() AS n FROM devices WHERE tags.n < 12 GROUP BY tags.building", &[]).await;
+    let r = query(
+        &api,
+        "SELECT tags.building AS building, COUNT() AS n FROM devices WHERE tags.n < 12 GROUP BY tags.building",
+        &[],
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text);
     let groups: BTreeSet<String> = r.json().as_array().expect("array").iter().map(|g| g.to_string()).collect();
-    let want: BTreeSet<String> = [json!({"building": "b43", "n": 4}), json!({"building": "b44", "n": 4}), json!({"building": "b45", "n": 4})]
-        .iter()
-        .map(|g| g.to_string())
-        .collect();
+    let want: BTreeSet<String> =
+        [json!({"building": "b43", "n": 4}), json!({"building": "b44", "n": 4}), json!({"building": "b45", "n": 4})]
+            .iter()
+            .map(|g| g.to_string())
+            .collect();
     assert_eq!(groups, want);
 
     // Paging: every page size gives the same rows as one big page, and a TOP spans pages.
@@ -117,8 +126,15 @@ async fn queries_scatter_over_shards_and_page() {
     assert_eq!(top, (0..5).map(|k| json!({"deviceId": format!("q-{:02}", 1 + 3 * k)})).collect::<Vec<_>>());
 
     // Module twins.
-    let r = query(&api, "SELECT deviceId, moduleId FROM devices.modules WHERE deviceId IN ['q-00', 'q-03', 'q-04']", &[]).await;
-    assert_eq!(r.json(), &json!([{"deviceId": "q-00", "moduleId": "sensor"}, {"deviceId": "q-03", "moduleId": "sensor"}]), "{}", r.text);
+    let r =
+        query(&api, "SELECT deviceId, moduleId FROM devices.modules WHERE deviceId IN ['q-00', 'q-03', 'q-04']", &[])
+            .await;
+    assert_eq!(
+        r.json(),
+        &json!([{"deviceId": "q-00", "moduleId": "sensor"}, {"deviceId": "q-03", "moduleId": "sensor"}]),
+        "{}",
+        r.text
+    );
 
     // Errors: the position of a syntax error, a foreign token, a bad page size, a missing query.
     let r = query(&api, "SELECT * FROM devices WHERE tags.n = = 1", &[]).await;
@@ -139,6 +155,9 @@ async fn queries_scatter_over_shards_and_page() {
     let r = api.send("POST", "/devices/query", Some(&json!({"sql": "SELECT 1"})), &[]).await;
     assert_error(&r, 400, "ArgumentInvalid");
     // A registry-read policy may query.
-    let r = server.api("registryRead", &server.policy_key("registryRead")).send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices"})), &[]).await;
+    let r = server
+        .api("registryRead", &server.policy_key("registryRead"))
+        .send("POST", "/devices/query", Some(&json!({"query": "SELECT * FROM devices"})), &[])
+        .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }

@@ -43,8 +43,14 @@ use tokio::net::TcpStream;
 
 const SHARDS: u32 = 2;
 const STATUS_PATH: &str = "/cluster/v2/call/node.status";
-const SIGNATURE_HEADERS: [&str; 6] =
-    ["x-twinhub-node", "x-twinhub-ts", "x-twinhub-nonce", "x-twinhub-body-len", "x-twinhub-body-sha256", "x-twinhub-sig"];
+const SIGNATURE_HEADERS: [&str; 6] = [
+    "x-twinhub-node",
+    "x-twinhub-ts",
+    "x-twinhub-nonce",
+    "x-twinhub-body-len",
+    "x-twinhub-body-sha256",
+    "x-twinhub-sig",
+];
 /// Generous: a debug build on a loaded 2-core machine.
 const IO_WAIT: Duration = Duration::from_secs(30);
 
@@ -83,7 +89,11 @@ fn signed_request(secret: &str, node: u64, path: &str, signed_body: &[u8]) -> (H
     insert(&mut h, "x-twinhub-nonce", nonce.clone());
     insert(&mut h, "x-twinhub-body-len", signed_body.len().to_string());
     insert(&mut h, "x-twinhub-body-sha256", hex(&Sha256::digest(signed_body)));
-    insert(&mut h, "x-twinhub-sig", mac(secret, ["twinhub-req-v2", "POST", path, &node.to_string(), &ts.to_string(), &nonce], signed_body));
+    insert(
+        &mut h,
+        "x-twinhub-sig",
+        mac(secret, ["twinhub-req-v2", "POST", path, &node.to_string(), &ts.to_string(), &nonce], signed_body),
+    );
     (h, nonce)
 }
 
@@ -93,7 +103,12 @@ fn is_answer_to(secret: &str, a: &Answer, path: &str, node: u64, nonce: &str) ->
     let ts: u64 = get("x-twinhub-ts").parse().unwrap_or(0);
     get("x-twinhub-node") == node.to_string()
         && get("x-twinhub-nonce") == nonce
-        && get("x-twinhub-sig") == mac(secret, ["twinhub-resp-v2", a.status.as_str(), path, &node.to_string(), &ts.to_string(), nonce], &a.body)
+        && get("x-twinhub-sig")
+            == mac(
+                secret,
+                ["twinhub-resp-v2", a.status.as_str(), path, &node.to_string(), &ts.to_string(), nonce],
+                &a.body,
+            )
 }
 
 struct Answer {
@@ -117,7 +132,8 @@ impl Answer {
 /// and which node listens where. Inter-node traffic is mutual TLS, so without a member certificate
 /// nobody reaches the HTTP/2 layer at all (`tests/cluster_tls.rs`); these tests are about what the
 /// signatures still stop a certificate holder from doing.
-static MEMBER: std::sync::OnceLock<(Arc<rustls::ClientConfig>, std::collections::HashMap<SocketAddr, u64>)> = std::sync::OnceLock::new();
+static MEMBER: std::sync::OnceLock<(Arc<rustls::ClientConfig>, std::collections::HashMap<SocketAddr, u64>)> =
+    std::sync::OnceLock::new();
 
 /// An HTTP/2 connection over TLS to a cluster port, with node 2's certificate.
 async fn h2<B>(addr: SocketAddr) -> http2::SendRequest<B>
@@ -231,12 +247,16 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     // A member's certificate speaks for that member only: signed as node 3 on node 2's TLS connection,
     // a request is refused although the signature is good.
     let (headers, _) = signed_request(&secret, 3, STATUS_PATH, b"");
-    send(n1, STATUS_PATH, &headers, Bytes::new()).await.assert_unsigned_refusal("signed as another node than the certificate names");
+    send(n1, STATUS_PATH, &headers, Bytes::new())
+        .await
+        .assert_unsigned_refusal("signed as another node than the certificate names");
     eprintln!("(b') signed as node 3 over node 2's certificate: refused");
 
     // (c) The signed answer, sent back as a request (to the node that signed it, and to another).
     for addr in [n1, n2] {
-        send(addr, STATUS_PATH, &b.headers, b.body.clone()).await.assert_unsigned_refusal("answer replayed as a request");
+        send(addr, STATUS_PATH, &b.headers, b.body.clone())
+            .await
+            .assert_unsigned_refusal("answer replayed as a request");
     }
     eprintln!("(c) the answer replayed as a request: refused");
 
@@ -266,7 +286,8 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
         };
         tokio::spawn(bogus_upload(n1, headers))
     });
-    let results: Vec<Upload> = futures::future::join_all(uploads).await.into_iter().map(|r| r.expect("upload task")).collect();
+    let results: Vec<Upload> =
+        futures::future::join_all(uploads).await.into_iter().map(|r| r.expect("upload task")).collect();
     let flood_time = flood.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
     done.store(true, Ordering::Relaxed);

@@ -133,7 +133,9 @@ async fn slow_and_idle_connections_are_closed_after_the_handshake_timeout() {
         let (ca1, ca2, port) = (ca.clone(), ca.clone(), srv.port);
         tasks.push(tokio::spawn(async move {
             let mut s = tls_from(&ca1, lo(10), port).await.expect("TLS");
-            s.write_all(b"GET /devices?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nX-Slow: ").await.expect("partial head");
+            s.write_all(b"GET /devices?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+                .await
+                .expect("partial head");
             s.flush().await.expect("flush");
             ("half head", i, closed_within(&mut s, limit).await)
         }));
@@ -265,10 +267,7 @@ async fn uploads_without_credentials_are_refused_unread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_on_the_https_port_leaves_the_other_ports_working() {
     // 1,024 descriptors: the HTTPS listener gets a small share (about 50 connections).
-    let srv = Server::start(ServerOpts {
-        nofile: Some(1024),
-        ..hardened(60, 8)
-    });
+    let srv = Server::start(ServerOpts { nofile: Some(1024), ..hardened(60, 8) });
     let api = srv.owner();
     let doc = api.must_create_device("steady").await;
     let key = doc["authentication"]["symmetricKey"]["primaryKey"].as_str().expect("key").to_string();
@@ -282,7 +281,9 @@ async fn a_flood_on_the_https_port_leaves_the_other_ports_working() {
     let mut held = Vec::new();
     for src in 0..60u8 {
         for _ in 0..8 {
-            if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(5), tls_from(&ca, lo(100 + src), srv.port)).await {
+            if let Ok(Ok(s)) =
+                tokio::time::timeout(Duration::from_secs(5), tls_from(&ca, lo(100 + src), srv.port)).await
+            {
                 held.push(s);
             }
         }
@@ -368,7 +369,11 @@ async fn secrets_are_private_and_can_come_from_files() {
         .output()
         .expect("run");
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("owner-key-file"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("owner-key-file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,7 +498,10 @@ impl MqttDevice {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let topic = tokio::time::timeout(left, self.rx.recv()).await.expect("twin response in time").expect("connection open");
+            let topic = tokio::time::timeout(left, self.rx.recv())
+                .await
+                .expect("twin response in time")
+                .expect("connection open");
             if topic.ends_with(&format!("$rid={rid}")) {
                 let status = topic.trim_start_matches("$iothub/twin/res/").split('/').next().unwrap_or("");
                 return status.parse().expect("status");

@@ -151,7 +151,9 @@ async fn raw_backend(srv: &Server, source: [u8; 4], client_id: &str) -> tokio_ru
 /// rumqttc back end over TLS from 127.0.0.1, subscribed to `twin-changes/#`.
 async fn backend(srv: &Server, client_id: &str) -> (AsyncClient, rumqttc::EventLoop) {
     let mut o = MqttOptions::new(client_id, "localhost", srv.events_port);
-    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls_client_config(&srv.ca_pem))));
+    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls_client_config(
+        &srv.ca_pem,
+    ))));
     o.set_keep_alive(Duration::from_secs(30));
     o.set_max_packet_size(2 * 1024 * 1024, 64 * 1024);
     o.set_credentials("iothubowner", owner_token(srv));
@@ -513,15 +515,17 @@ async fn idle_connections_to_the_mqtt_port_do_not_stop_devices_or_https() {
 async fn x509_connack(srv: &Server, client_id: &str, cert: &rcgen::CertifiedKey<rcgen::KeyPair>) -> u8 {
     use rumqttc::tokio_rustls::rustls;
     let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der()).expect("key DER");
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(ca_roots(&srv.ca_pem))
-        .with_client_auth_cert(vec![cert.cert.der().clone()], key)
-        .expect("client certificate");
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(ca_roots(&srv.ca_pem))
+            .with_client_auth_cert(vec![cert.cert.der().clone()], key)
+            .expect("client certificate");
     let tcp = TcpStream::connect(("127.0.0.1", srv.mqtt_port)).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-    let mut s = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.expect("TLS handshake");
+    let mut s =
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.expect("TLS handshake");
     let user = format!("localhost/{client_id}/?{API}");
     let mut var = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x80, 0, 60];
     for f in [client_id, user.as_str()] {

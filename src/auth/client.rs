@@ -30,7 +30,8 @@ pub fn path_segment(s: &str) -> String {
 /// `SharedAccessSignature sr=…&sig=…&se=…[&skn=…]` for the resource `resource` (not yet encoded).
 fn token(resource: &str, key_b64: &str, expiry_unix: u64, skn: Option<&str>) -> Result<String, AuthError> {
     let sr = quote(resource, "");
-    let se = i64::try_from(expiry_unix).map_err(|_| AuthError::Malformed(format!("expiry {expiry_unix} is out of range")))?;
+    let se = i64::try_from(expiry_unix)
+        .map_err(|_| AuthError::Malformed(format!("expiry {expiry_unix} is out of range")))?;
     let sig = super::sign(key_b64, &sr, se).ok_or_else(|| AuthError::Malformed("the SAS key is not base64".into()))?;
     let sig = quote(&B64.encode(sig), "");
     Ok(match skn {

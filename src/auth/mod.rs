@@ -5,7 +5,7 @@ mod policy;
 mod sas;
 pub mod x509;
 
-pub use policy::{generate_key, write_atomically, Permission, Policies, PolicyFileError, Policy, OWNER};
+pub use policy::{generate_key, write_atomically, Permission, Policies, Policy, PolicyFileError, OWNER};
 pub use sas::{sign, verify_device_token, verify_signature, SasToken};
 
 /// Why a request was not authorised. `Unauthorized` cases become 401, `Forbidden` 403, at the HTTP edge.

@@ -80,7 +80,8 @@ impl Policies {
         let path = dir.join("policies.json");
         let shown = path.display().to_string();
         let mut policies = match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?,
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Policies::generate(),
             Err(source) => return Err(PolicyFileError::Io { path: shown, source }),
         };
@@ -98,7 +99,8 @@ impl Policies {
                 owner.permissions.push(Permission::ClusterAdmin);
             }
         }
-        let text = serde_json::to_vec_pretty(&policies).map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?;
+        let text = serde_json::to_vec_pretty(&policies)
+            .map_err(|source| PolicyFileError::Parse { path: shown.clone(), source })?;
         write_atomically(&path, &text).map_err(|source| PolicyFileError::Io { path: shown, source })?;
         Ok(policies)
     }
@@ -234,11 +236,20 @@ mod tests {
             AuthError::MissingPermission { policy: "service".into(), needed: Permission::RegistryRead }
         );
         let bad = token("service", &owner.primary_key, "localhost", se);
-        assert_eq!(p.authorize(Some(&bad), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::BadSignature);
+        assert_eq!(
+            p.authorize(Some(&bad), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(),
+            AuthError::BadSignature
+        );
         let unknown = token("nobody", &owner.primary_key, "localhost", se);
-        assert_eq!(p.authorize(Some(&unknown), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::UnknownPolicy("nobody".into()));
+        assert_eq!(
+            p.authorize(Some(&unknown), "localhost", "", Permission::ServiceConnect, 0).unwrap_err(),
+            AuthError::UnknownPolicy("nobody".into())
+        );
         assert_eq!(p.authorize(None, "localhost", "", Permission::ServiceConnect, 0).unwrap_err(), AuthError::Missing);
-        assert_eq!(p.authorize(Some(&h), "localhost:8443", "", Permission::ServiceConnect, se + 1).unwrap_err(), AuthError::Expired(se));
+        assert_eq!(
+            p.authorize(Some(&h), "localhost:8443", "", Permission::ServiceConnect, se + 1).unwrap_err(),
+            AuthError::Expired(se)
+        );
     }
 
     #[test]
@@ -267,7 +278,12 @@ mod tests {
     #[test]
     fn only_the_owner_may_change_membership() {
         let p = Policies::generate();
-        let with: Vec<_> = p.policies.iter().filter(|x| x.permissions.contains(&Permission::ClusterAdmin)).map(|x| x.name.as_str()).collect();
+        let with: Vec<_> = p
+            .policies
+            .iter()
+            .filter(|x| x.permissions.contains(&Permission::ClusterAdmin))
+            .map(|x| x.name.as_str())
+            .collect();
         assert_eq!(with, [OWNER]);
     }
 

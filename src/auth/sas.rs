@@ -31,9 +31,8 @@ impl SasToken {
             .ok_or_else(|| AuthError::Malformed("must start with 'SharedAccessSignature '".into()))?;
         let (mut sr, mut sig, mut se, mut skn) = (None, None, None, None);
         for part in rest.trim().split('&') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| AuthError::Malformed(format!("field '{part}' has no '='")))?;
+            let (k, v) =
+                part.split_once('=').ok_or_else(|| AuthError::Malformed(format!("field '{part}' has no '='")))?;
             let slot = match k {
                 "sr" => &mut sr,
                 "sig" => &mut sig,
@@ -117,7 +116,8 @@ pub fn verify_device_token(
     if !matches {
         return Err(AuthError::WrongResource(token.resource.clone()));
     }
-    let keys: Vec<&str> = [&creds.primary_key, &creds.secondary_key].into_iter().flatten().map(String::as_str).collect();
+    let keys: Vec<&str> =
+        [&creds.primary_key, &creds.secondary_key].into_iter().flatten().map(String::as_str).collect();
     token.check(&keys, now_secs)?;
     if !creds.enabled {
         return Err(AuthError::Disabled);
@@ -158,14 +158,24 @@ mod tests {
         let t = SasToken::parse(&header).unwrap();
         assert_eq!(t.resource, "localhost/devices/dev1");
         assert_eq!(t.skn, None);
-        let creds = Credentials { primary_key: Some("AAAA".into()), secondary_key: Some(KEY.into()), enabled: true, subscriptions: Vec::new() };
+        let creds = Credentials {
+            primary_key: Some("AAAA".into()),
+            secondary_key: Some(KEY.into()),
+            enabled: true,
+            subscriptions: Vec::new(),
+        };
         verify_device_token(&t, "LOCALHOST:8883", "dev1", None, &creds, se - 10).unwrap();
         assert_eq!(
             verify_device_token(&t, "localhost", "dev2", None, &creds, se - 10),
             Err(AuthError::WrongResource("localhost/devices/dev1".into()))
         );
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &creds, se + 1), Err(AuthError::Expired(se)));
-        let other = Credentials { primary_key: Some("AAAA".into()), secondary_key: None, enabled: true, subscriptions: Vec::new() };
+        let other = Credentials {
+            primary_key: Some("AAAA".into()),
+            secondary_key: None,
+            enabled: true,
+            subscriptions: Vec::new(),
+        };
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &other, se), Err(AuthError::BadSignature));
         let disabled = Credentials { enabled: false, ..creds };
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &disabled, se), Err(AuthError::Disabled));
@@ -177,7 +187,12 @@ mod tests {
         let se = 2_000_000_000;
         let header = format!("SharedAccessSignature sr={sr}&sig={}&se={se}", quote_all(&sig_b64(KEY, &sr, se)));
         let t = SasToken::parse(&header).unwrap();
-        let creds = Credentials { primary_key: Some(KEY.into()), secondary_key: None, enabled: true, subscriptions: Vec::new() };
+        let creds = Credentials {
+            primary_key: Some(KEY.into()),
+            secondary_key: None,
+            enabled: true,
+            subscriptions: Vec::new(),
+        };
         verify_device_token(&t, "localhost", "d", Some("m"), &creds, 0).unwrap();
         assert!(verify_device_token(&t, "localhost", "d", None, &creds, 0).is_err());
     }
@@ -186,10 +201,8 @@ mod tests {
     fn service_token_with_raw_slash_in_sig_verifies() {
         // Find an se whose signature contains '/', which Python's service SDK leaves unescaped.
         let sr = "localhost%3A8443";
-        let (se, sig) = (1_700_000_000i64..)
-            .map(|se| (se, sig_b64(KEY, sr, se)))
-            .find(|(_, s)| s.contains('/'))
-            .unwrap();
+        let (se, sig) =
+            (1_700_000_000i64..).map(|se| (se, sig_b64(KEY, sr, se))).find(|(_, s)| s.contains('/')).unwrap();
         let header = format!("SharedAccessSignature sr={sr}&sig={}&se={se}&skn=iothubowner", quote_keep_slash(&sig));
         assert!(header.contains('/'));
         let t = SasToken::parse(&header).unwrap();

@@ -93,7 +93,11 @@ pub struct Description {
 pub fn describe(der: &[u8]) -> Result<Description, X509Error> {
     let c = parse(der)?;
     let v = c.validity();
-    Ok(Description { subject: c.subject().to_string(), not_before: v.not_before.timestamp(), not_after: v.not_after.timestamp() })
+    Ok(Description {
+        subject: c.subject().to_string(),
+        not_before: v.not_before.timestamp(),
+        not_after: v.not_after.timestamp(),
+    })
 }
 
 /// The first subject common name, if it has one in a string form.
@@ -123,7 +127,11 @@ pub fn expected_common_name(id: &crate::ids::TwinId) -> String {
 /// The chain (`chain[0]` the leaf, the rest intermediates as the client sent them) verifies to one of
 /// `anchors` at `now` for client authentication. Validity of every certificate in the path is part of
 /// the verification.
-pub fn verify_chain(chain: &[CertificateDer<'static>], anchors: &[CertificateDer<'static>], now: i64) -> Result<(), X509Error> {
+pub fn verify_chain(
+    chain: &[CertificateDer<'static>],
+    anchors: &[CertificateDer<'static>],
+    now: i64,
+) -> Result<(), X509Error> {
     let Some((leaf, intermediates)) = chain.split_first() else {
         return Err(X509Error::Untrusted("no certificate".into()));
     };
@@ -165,12 +173,17 @@ mod tests {
         assert_eq!((sha1.len(), sha256.len()), (40, 64));
         assert_eq!(matches_thumbprint(&der, &[Some(&sha1), None]), Ok(()));
         assert_eq!(matches_thumbprint(&der, &[None, Some(&sha256.to_lowercase())]), Ok(()));
-        let colons: String = sha1.as_bytes().chunks(2).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(":");
+        let colons: String =
+            sha1.as_bytes().chunks(2).map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(":");
         assert_eq!(matches_thumbprint(&der, &[Some("0000"), Some(&colons)]), Ok(()));
         let other = self_signed("d1", NOW - 10, NOW + 10);
         assert_eq!(matches_thumbprint(&other, &[Some(&sha1), Some(&sha256)]), Err(X509Error::ThumbprintMismatch));
         assert_eq!(matches_thumbprint(&der, &[None, Some("")]), Err(X509Error::NoThumbprint));
-        assert_eq!(matches_thumbprint(&der, &[Some(&sha1[..39]), None]), Err(X509Error::ThumbprintMismatch), "a prefix is not a match");
+        assert_eq!(
+            matches_thumbprint(&der, &[Some(&sha1[..39]), None]),
+            Err(X509Error::ThumbprintMismatch),
+            "a prefix is not a match"
+        );
     }
 
     #[test]
@@ -200,7 +213,8 @@ mod tests {
         assert_eq!(check_common_name(leaf.der(), "dev-1"), Ok(()));
         assert!(matches!(check_common_name(leaf.der(), "dev-2"), Err(X509Error::WrongCommonName { .. })));
         // Another CA trusts nothing this one signed; no CA at all trusts nothing.
-        let other = CertificateParams::new(Vec::<String>::new()).unwrap().self_signed(&KeyPair::generate().unwrap()).unwrap();
+        let other =
+            CertificateParams::new(Vec::<String>::new()).unwrap().self_signed(&KeyPair::generate().unwrap()).unwrap();
         assert!(matches!(verify_chain(&chain, &[other.der().clone()], now), Err(X509Error::Untrusted(_))));
         assert!(matches!(verify_chain(&chain, &[], now), Err(X509Error::Untrusted(_))));
         // Past the leaf's validity (rcgen's default ends in 4096), the chain no longer verifies.

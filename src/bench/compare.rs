@@ -54,8 +54,12 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
     let keys: Arc<Vec<String>> = Arc::new((0..opts.twins).map(|i| target.key(i)).collect());
     let rss_idle = procs::rss_of(pids);
     let loadavg_before = loadavg();
-    eprintln!("[{name}] populating {} twins of {} bytes ({} at a time)", opts.twins, opts.value, opts.populate_concurrency);
-    let (populate_s, populate_errors) = loadgen::populate(&target, keys.clone(), opts.value, opts.populate_concurrency).await?;
+    eprintln!(
+        "[{name}] populating {} twins of {} bytes ({} at a time)",
+        opts.twins, opts.value, opts.populate_concurrency
+    );
+    let (populate_s, populate_errors) =
+        loadgen::populate(&target, keys.clone(), opts.value, opts.populate_concurrency).await?;
     let rss_populated = procs::rss_of(pids);
     let counts = Arc::new(WatchCounts::default());
     let watch = if opts.no_watch {
@@ -205,7 +209,8 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
             "durability": cluster.durability,
             "stream_config": cluster.stream_config,
         });
-        let r = measure(Nats { servers: cluster.clients.clone(), bucket: cluster.bucket.clone() }, &opts, &pids, extra).await;
+        let r = measure(Nats { servers: cluster.clients.clone(), bucket: cluster.bucket.clone() }, &opts, &pids, extra)
+            .await;
         let disk = procs::du_mb(&cluster.dir.path);
         cluster.stop();
         let mut r = r?;
@@ -223,7 +228,11 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         for r in results.iter().filter(|r| r.name != "twinhub") {
             let ratio = |k: &str| {
                 let (a, b) = (th[k].as_f64().unwrap_or(0.0), r.json[k].as_f64().unwrap_or(0.0));
-                if b > 0.0 { json!(round(a / b, 3)) } else { Value::Null }
+                if b > 0.0 {
+                    json!(round(a / b, 3))
+                } else {
+                    Value::Null
+                }
             };
             ratios.insert(
                 r.name.clone(),
@@ -256,7 +265,8 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     std::fs::write(&opts.out, serde_json::to_string_pretty(&out)?)?;
     eprintln!("wrote {}", opts.out.display());
     let svg = opts.svg.clone().unwrap_or_else(|| opts.out.with_extension("svg"));
-    let runs: Vec<plot::Run> = results.iter().map(|r| plot::Run { label: r.name.clone(), series: &r.summary.series }).collect();
+    let runs: Vec<plot::Run> =
+        results.iter().map(|r| plot::Run { label: r.name.clone(), series: &r.summary.series }).collect();
     plot::write_svg(
         &svg,
         &format!("compare: closed loop, {} workers, {} twins, {} B values", opts.concurrency, opts.twins, opts.value),
@@ -274,7 +284,11 @@ pub fn machine() -> Value {
         .unwrap_or(0);
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     json!({"cpus": cpus, "memory_gib": round(mem_kib as f64 / 1048576.0, 1), "cpu_model": model, "loadavg": loadavg(),
            "note": "clients and all 3 servers share this machine (and whatever else runs on it: see loadavg)"})
@@ -282,7 +296,9 @@ pub fn machine() -> Value {
 
 /// `/proc/loadavg` (1, 5, 15 min), to show how busy the machine was.
 pub fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// The printed table.
@@ -298,7 +314,17 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
     let _ = writeln!(
         s,
         "{:<8} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>11} {:>12} {:>12}",
-        "system", "updates/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "errors", "RSS MB", "watch msgs", "srv CPU ms/u", "cli CPU ms/u"
+        "system",
+        "updates/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "RSS MB",
+        "watch msgs",
+        "srv CPU ms/u",
+        "cli CPU ms/u"
     );
     for r in results {
         let j = &r.json;
@@ -323,7 +349,15 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
             let _ = writeln!(s, "\ntwinhub / peer   updates/s (>1: twinhub faster)   p50 (<1: twinhub lower)   p99 (<1: twinhub lower)   RSS (<1: twinhub smaller)");
             for (peer, r) in ratios {
                 let f = |k: &str| r[k].as_f64().map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
-                let _ = writeln!(s, "  / {:<12} {:>10} {:>27} {:>24} {:>24}", peer, f("updates_per_s"), f("p50_ms"), f("p99_ms"), f("rss_mb"));
+                let _ = writeln!(
+                    s,
+                    "  / {:<12} {:>10} {:>27} {:>24} {:>24}",
+                    peer,
+                    f("updates_per_s"),
+                    f("p50_ms"),
+                    f("p99_ms"),
+                    f("rss_mb")
+                );
             }
         }
     }

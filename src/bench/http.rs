@@ -20,7 +20,8 @@ async fn handshake<T>(io: T) -> Result<SendRequest<Full<Bytes>>, OpError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| OpError::new("connect", e))?;
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| OpError::new("connect", e))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -63,15 +64,10 @@ impl HttpConn {
         match &self.tls {
             Some(tls) => {
                 let conn = tokio_rustls::TlsConnector::from(tls.config.clone());
-                let stream = conn
-                    .connect(tls.server_name.clone(), tcp)
-                    .await
-                    .map_err(|e| OpError::new("tls", e))?;
+                let stream = conn.connect(tls.server_name.clone(), tcp).await.map_err(|e| OpError::new("tls", e))?;
                 handshake(stream).await
             }
-            None => {
-                handshake(tcp).await
-            }
+            None => handshake(tcp).await,
         }
     }
 
@@ -109,10 +105,7 @@ impl HttpConn {
         }
         let sender = self.sender.as_mut().expect("dialled");
         sender.ready().await.map_err(|e| OpError::new("io", e))?;
-        let mut rb = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", self.host_header.as_str());
+        let mut rb = hyper::Request::builder().method(method).uri(path).header("host", self.host_header.as_str());
         for (k, v) in headers {
             rb = rb.header(*k, *v);
         }

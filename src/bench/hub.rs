@@ -121,7 +121,12 @@ fn status_error(status: u16, body: &[u8]) -> OpError {
 }
 
 impl HubClient {
-    pub async fn send(&mut self, method: &str, path: &str, body: Option<Bytes>) -> Result<crate::bench::http::Resp, OpError> {
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<crate::bench::http::Resp, OpError> {
         let sep = if path.contains('?') { '&' } else { '?' };
         let uri = format!("{path}{sep}api-version={API_VERSION}");
         let auth = self.auth.clone();

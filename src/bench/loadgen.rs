@@ -68,7 +68,12 @@ pub async fn update_workers<T: Target>(
 
 /// Writes every key once (after `create` where the target needs it), `concurrency` at a time, so that
 /// all targets hold the same data set before the measurement. Returns (seconds, errors).
-pub async fn populate<T: Target>(target: &T, keys: Arc<Vec<String>>, value: SizeDist, concurrency: usize) -> anyhow::Result<(f64, u64)> {
+pub async fn populate<T: Target>(
+    target: &T,
+    keys: Arc<Vec<String>>,
+    value: SizeDist,
+    concurrency: usize,
+) -> anyhow::Result<(f64, u64)> {
     let started = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicU64::new(0));
@@ -143,7 +148,13 @@ pub struct Phases {
 /// Closed loop: every worker runs back to back until the end; the recorder is reset after the
 /// warm-up. Returns the workers for reuse.
 /// The second value is the number of successful operations including the warm-up.
-pub async fn closed<W: Worker>(workers: Vec<W>, rec: Arc<Recorder>, ph: Phases, label: &str, extra: Option<Extra>) -> (Vec<W>, u64) {
+pub async fn closed<W: Worker>(
+    workers: Vec<W>,
+    rec: Arc<Recorder>,
+    ph: Phases,
+    label: &str,
+    extra: Option<Extra>,
+) -> (Vec<W>, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let all_ok = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();

@@ -165,7 +165,13 @@ impl Conn {
 
 /// Connects as IoT Hub device `id` with a SAS token of its key, like the device SDKs
 /// (username `{host}/{id}/?api-version=…`, CleanSession 0).
-pub async fn connect_device(ep: &Endpoint, host: &str, id: &str, key: &str, slow: Option<Duration>) -> Result<Conn, OpError> {
+pub async fn connect_device(
+    ep: &Endpoint,
+    host: &str,
+    id: &str,
+    key: &str,
+    slow: Option<Duration>,
+) -> Result<Conn, OpError> {
     let user = format!("{host}/{id}/?api-version={API_VERSION}&DeviceClientType=twinhub-bench");
     let pass = sas::device_sas(host, id, key, sas::unix_now() + 86_400).map_err(|e| OpError::new("sas", e))?;
     connect(ep, id, &user, &pass, Duration::from_secs(120), slow).await

@@ -28,20 +28,9 @@ pub fn write_svg(path: &Path, title: &str, runs: &[Run<'_>]) -> anyhow::Result<(
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(|e| err(&e))?;
     let (top, bottom) = root.split_vertically(340);
-    let t_max = runs
-        .iter()
-        .flat_map(|r| r.series.iter().map(|s| s.t_s))
-        .fold(1.0f64, f64::max);
-    let ops_max = runs
-        .iter()
-        .flat_map(|r| r.series.iter().map(|s| s.ops_per_s))
-        .fold(1.0f64, f64::max)
-        * 1.1;
-    let lat_max = runs
-        .iter()
-        .flat_map(|r| r.series.iter().map(|s| s.p99_ms))
-        .fold(0.1f64, f64::max)
-        * 1.1;
+    let t_max = runs.iter().flat_map(|r| r.series.iter().map(|s| s.t_s)).fold(1.0f64, f64::max);
+    let ops_max = runs.iter().flat_map(|r| r.series.iter().map(|s| s.ops_per_s)).fold(1.0f64, f64::max) * 1.1;
+    let lat_max = runs.iter().flat_map(|r| r.series.iter().map(|s| s.p99_ms)).fold(0.1f64, f64::max) * 1.1;
 
     let mut c = ChartBuilder::on(&top)
         .margin(10)
@@ -50,11 +39,7 @@ pub fn write_svg(path: &Path, title: &str, runs: &[Run<'_>]) -> anyhow::Result<(
         .caption("throughput (successful ops per second)", ("sans-serif", 16))
         .build_cartesian_2d(0f64..t_max, 0f64..ops_max)
         .map_err(|e| err(&e))?;
-    c.configure_mesh()
-        .x_desc("seconds")
-        .y_desc("ops/s")
-        .draw()
-        .map_err(|e| err(&e))?;
+    c.configure_mesh().x_desc("seconds").y_desc("ops/s").draw().map_err(|e| err(&e))?;
     for (i, r) in runs.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         c.draw_series(LineSeries::new(r.series.iter().map(|s| (s.t_s, s.ops_per_s)), color.stroke_width(2)))
@@ -76,11 +61,7 @@ pub fn write_svg(path: &Path, title: &str, runs: &[Run<'_>]) -> anyhow::Result<(
         .caption("latency per second: p99 (solid) and p50 (thin)", ("sans-serif", 16))
         .build_cartesian_2d(0f64..t_max, 0f64..lat_max)
         .map_err(|e| err(&e))?;
-    c.configure_mesh()
-        .x_desc("seconds")
-        .y_desc("ms")
-        .draw()
-        .map_err(|e| err(&e))?;
+    c.configure_mesh().x_desc("seconds").y_desc("ms").draw().map_err(|e| err(&e))?;
     for (i, r) in runs.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         c.draw_series(LineSeries::new(r.series.iter().map(|s| (s.t_s, s.p99_ms)), color.stroke_width(2)))
@@ -102,7 +83,13 @@ pub fn write_svg(path: &Path, title: &str, runs: &[Run<'_>]) -> anyhow::Result<(
 
 /// Writes `path` with one line per `(label, points)`: a plain x/y chart (e.g. resident memory against
 /// the number of twins loaded).
-pub fn write_xy_svg(path: &Path, title: &str, x_desc: &str, y_desc: &str, lines: &[(String, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+pub fn write_xy_svg(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    lines: &[(String, Vec<(f64, f64)>)],
+) -> anyhow::Result<()> {
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot {}: {e}", path.display());
     let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;

@@ -175,9 +175,7 @@ pub fn du_mb(path: &std::path::Path) -> f64 {
     fn walk(p: &std::path::Path) -> u64 {
         let Ok(md) = std::fs::symlink_metadata(p) else { return 0 };
         if md.is_dir() {
-            std::fs::read_dir(p)
-                .map(|rd| rd.flatten().map(|e| walk(&e.path())).sum())
-                .unwrap_or(0)
+            std::fs::read_dir(p).map(|rd| rd.flatten().map(|e| walk(&e.path())).sum()).unwrap_or(0)
         } else {
             md.len()
         }

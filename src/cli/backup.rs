@@ -30,8 +30,8 @@ use clap::Args;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::remote::{Remote, RemoteError};
 pub use super::remote::Target;
+use super::remote::{Remote, RemoteError};
 
 const MAGIC: &str = "TWINHUB-BACKUP 1";
 const VERSION: u64 = 1;
@@ -183,8 +183,13 @@ async fn backup(args: BackupArgs) -> Result<(), BackupError> {
     w.line(&json!({"kind": "end", "records": records, "sha256": digest}).to_string()).map_err(file_err)?;
     w.file.sync_all().map_err(file_err)?;
     drop(w);
-    std::fs::rename(&partial, &args.out).map_err(|e| BackupError::File { path: args.out.display().to_string(), msg: e.to_string() })?;
-    eprintln!("backup of {devices} devices in {shards} shards written to {} in {:.1?}", args.out.display(), started.elapsed());
+    std::fs::rename(&partial, &args.out)
+        .map_err(|e| BackupError::File { path: args.out.display().to_string(), msg: e.to_string() })?;
+    eprintln!(
+        "backup of {devices} devices in {shards} shards written to {} in {:.1?}",
+        args.out.display(),
+        started.elapsed()
+    );
     Ok(())
 }
 
@@ -220,7 +225,8 @@ pub fn check(bytes: &[u8]) -> Result<Checked, BackupError> {
     }
     let body = text.strip_suffix('\n').ok_or_else(|| bad("the file is truncated (no final newline)".into()))?;
     let (before_end, end_line) = body.rsplit_once('\n').ok_or_else(|| bad("the file is truncated".into()))?;
-    let end: Value = serde_json::from_str(end_line).map_err(|_| bad("the file is truncated: its last line is not the end record".into()))?;
+    let end: Value = serde_json::from_str(end_line)
+        .map_err(|_| bad("the file is truncated: its last line is not the end record".into()))?;
     if end["kind"] != "end" {
         return Err(bad("the file is truncated: no end record".into()));
     }
@@ -248,7 +254,10 @@ pub fn check(bytes: &[u8]) -> Result<Checked, BackupError> {
         match r["kind"].as_str() {
             Some("meta") => meta = Some(r["meta"].clone()),
             Some("shard") => {
-                let s = r["shard"].as_u64().filter(|s| *s < shard_count).ok_or_else(|| bad(format!("a page of shard {}", r["shard"])))?;
+                let s = r["shard"]
+                    .as_u64()
+                    .filter(|s| *s < shard_count)
+                    .ok_or_else(|| bad(format!("a page of shard {}", r["shard"])))?;
                 pages.push((s, r["page"].clone()));
             }
             other => return Err(bad(format!("unknown record kind {other:?}"))),
@@ -277,7 +286,8 @@ fn split(page: &Value) -> Vec<Value> {
 }
 
 async fn restore(args: RestoreArgs) -> Result<(), BackupError> {
-    let bytes = std::fs::read(&args.input).map_err(|e| BackupError::File { path: args.input.display().to_string(), msg: e.to_string() })?;
+    let bytes = std::fs::read(&args.input)
+        .map_err(|e| BackupError::File { path: args.input.display().to_string(), msg: e.to_string() })?;
     let checked = check(&bytes)?;
     let devices: usize = checked.pages.iter().map(|(_, p)| p["devices"].as_object().map_or(0, |d| d.len())).sum();
     eprintln!("{}: a valid backup of {devices} devices in {} shards", args.input.display(), checked.shard_count);
@@ -298,13 +308,19 @@ async fn restore(args: RestoreArgs) -> Result<(), BackupError> {
         return Err(BackupError::Usage(format!("the cluster already has {present} devices: restore into a new cluster (or --resume an interrupted restore)")));
     }
     let started = Instant::now();
-    node.call(hyper::Method::POST, "/cluster/restore/meta", checked.meta.to_string().into_bytes(), "the metadata").await?;
+    node.call(hyper::Method::POST, "/cluster/restore/meta", checked.meta.to_string().into_bytes(), "the metadata")
+        .await?;
     let mut done = 0usize;
     for (i, (shard, page)) in checked.pages.iter().enumerate() {
         for part in split(page) {
             let n = part["devices"].as_object().map_or(0, |d| d.len());
-            node.call(hyper::Method::POST, &format!("/cluster/restore/shards/{shard}"), part.to_string().into_bytes(), &format!("a page of shard {shard}"))
-                .await?;
+            node.call(
+                hyper::Method::POST,
+                &format!("/cluster/restore/shards/{shard}"),
+                part.to_string().into_bytes(),
+                &format!("a page of shard {shard}"),
+            )
+            .await?;
             done += n;
         }
         if i % 10 == 9 || i + 1 == checked.pages.len() {
@@ -329,8 +345,15 @@ mod tests {
         };
         push(MAGIC.to_string(), &mut w);
         push(json!({"kind": "header", "version": 1, "shardCount": 2}).to_string(), &mut w);
-        push(json!({"kind": "meta", "meta": {"jobs": {"jobs": {}}, "configs": {"configs": {}, "etag_seq": 0}}}).to_string(), &mut w);
-        push(json!({"kind": "shard", "shard": 1, "page": {"devices": {}, "device_jobs": {}, "etag_seq": 3}}).to_string(), &mut w);
+        push(
+            json!({"kind": "meta", "meta": {"jobs": {"jobs": {}}, "configs": {"configs": {}, "etag_seq": 0}}})
+                .to_string(),
+            &mut w,
+        );
+        push(
+            json!({"kind": "shard", "shard": 1, "page": {"devices": {}, "device_jobs": {}, "etag_seq": 3}}).to_string(),
+            &mut w,
+        );
         let end = json!({"kind": "end", "records": 3, "sha256": hex(&hash.finalize())}).to_string();
         w.extend_from_slice(format!("{end}\n").as_bytes());
         w

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use std::process::ExitCode;
 
-use clap::Subcommand;
 use crate::bench::compare::{self, CompareOpts};
 use crate::bench::scenarios::fleet::{self, FleetOpts, Mix};
 use crate::bench::scenarios::{hot, memory, storm, sweep};
 use crate::bench::value::SizeDist;
+use clap::Subcommand;
 
 /// Where a scenario runs: an existing cluster, or 3 nodes started (and stopped) by the command.
 #[derive(clap::Args, Clone, Debug)]
@@ -271,8 +271,22 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
             .await
             .map(|_| ()),
             BenchCommand::Run {
-                target, cl, devices, twins, mqtt_tls, qos, reported_rate, rate, concurrency, mix, value_bytes, duration,
-                warmup, connect_concurrency, out, svg,
+                target,
+                cl,
+                devices,
+                twins,
+                mqtt_tls,
+                qos,
+                reported_rate,
+                rate,
+                concurrency,
+                mix,
+                value_bytes,
+                duration,
+                warmup,
+                connect_concurrency,
+                out,
+                svg,
             } => {
                 if target != "twinhub" {
                     eprintln!("twinhub bench run: only --target twinhub has devices; use `compare` for etcd and nats");
@@ -300,7 +314,17 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
                 .await
                 .map(|_| ())
             }
-            BenchCommand::LatencySweep { cl, twins, value_bytes, concurrency, duration, warmup, percents, out, svg } => sweep::run(sweep::SweepOpts {
+            BenchCommand::LatencySweep {
+                cl,
+                twins,
+                value_bytes,
+                concurrency,
+                duration,
+                warmup,
+                percents,
+                out,
+                svg,
+            } => sweep::run(sweep::SweepOpts {
                 cluster: cl.cluster,
                 bin: cl.bin,
                 shards: cl.shard_count,
@@ -315,43 +339,75 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
             })
             .await
             .map(|_| ()),
-            BenchCommand::StormWorker { cluster, keys, from, to, connect_concurrency, mqtt_tls, subscribe, start_at, hold_until } => {
-                storm::worker(&cluster, &keys, from, to, connect_concurrency, mqtt_tls, subscribe, start_at, hold_until).await
+            BenchCommand::StormWorker {
+                cluster,
+                keys,
+                from,
+                to,
+                connect_concurrency,
+                mqtt_tls,
+                subscribe,
+                start_at,
+                hold_until,
+            } => {
+                storm::worker(&cluster, &keys, from, to, connect_concurrency, mqtt_tls, subscribe, start_at, hold_until)
+                    .await
             }
-            BenchCommand::ConnectStorm { cl, devices, create_concurrency, connect_concurrency, procs, mqtt_tls, subscribe, hold, out, svg } => {
-                storm::run(storm::StormOpts {
-                    procs,
+            BenchCommand::ConnectStorm {
+                cl,
+                devices,
+                create_concurrency,
+                connect_concurrency,
+                procs,
+                mqtt_tls,
+                subscribe,
+                hold,
+                out,
+                svg,
+            } => storm::run(storm::StormOpts {
+                procs,
+                cluster: cl.cluster,
+                bin: cl.bin,
+                shards: cl.shard_count,
+                devices,
+                create_concurrency,
+                connect_concurrency,
+                mqtt_tls,
+                subscribe,
+                hold: Duration::from_secs(hold),
+                out,
+                svg,
+            })
+            .await
+            .map(|_| ()),
+            BenchCommand::HotTwin { cl, rate, concurrency, value_bytes, duration, mqtt_tls, slow_ms, out, svg } => {
+                hot::run(hot::HotOpts {
                     cluster: cl.cluster,
                     bin: cl.bin,
                     shards: cl.shard_count,
-                    devices,
-                    create_concurrency,
-                    connect_concurrency,
+                    rate,
+                    concurrency,
+                    value: value_bytes,
+                    duration: Duration::from_secs(duration),
                     mqtt_tls,
-                    subscribe,
-                    hold: Duration::from_secs(hold),
+                    slow_ms,
                     out,
                     svg,
                 })
                 .await
                 .map(|_| ())
             }
-            BenchCommand::HotTwin { cl, rate, concurrency, value_bytes, duration, mqtt_tls, slow_ms, out, svg } => hot::run(hot::HotOpts {
-                cluster: cl.cluster,
-                bin: cl.bin,
-                shards: cl.shard_count,
-                rate,
+            BenchCommand::Memory {
+                bin,
+                shard_count,
+                twins,
+                value_bytes,
                 concurrency,
-                value: value_bytes,
-                duration: Duration::from_secs(duration),
-                mqtt_tls,
-                slow_ms,
+                no_restart,
+                kill9,
+                min_available_mb,
                 out,
-                svg,
-            })
-            .await
-            .map(|_| ()),
-            BenchCommand::Memory { bin, shard_count, twins, value_bytes, concurrency, no_restart, kill9, min_available_mb, out } => memory::run(memory::MemoryOpts {
+            } => memory::run(memory::MemoryOpts {
                 min_available_mb,
                 bin,
                 shards: shard_count,

@@ -253,7 +253,8 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
 
     let ids: Vec<u64> = (1..=u64::from(a.nodes)).collect();
     let ports = free_ports(ids.len() * 5)?;
-    let peers: BTreeMap<u64, SocketAddr> = ids.iter().enumerate().map(|(i, id)| (*id, loopback(ports[i * 5 + 4]))).collect();
+    let peers: BTreeMap<u64, SocketAddr> =
+        ids.iter().enumerate().map(|(i, id)| (*id, loopback(ports[i * 5 + 4]))).collect();
     let mut file = ClusterFile {
         owner_key,
         ca: certs.ca_cert.clone(),
@@ -404,7 +405,11 @@ fn spawn_node(bin: &Path, n: &mut NodeEntry) -> Result<(), LauncherError> {
 }
 
 /// Waits until every node printed its connection string and answers `/ready` with 200.
-fn wait_ready(tls: &std::sync::Arc<rustls::ClientConfig>, nodes: &mut [NodeEntry], timeout: Duration) -> Result<(), LauncherError> {
+fn wait_ready(
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    nodes: &mut [NodeEntry],
+    timeout: Duration,
+) -> Result<(), LauncherError> {
     let deadline = Instant::now() + timeout;
     let started = Instant::now();
     let mut last_report = Instant::now();
@@ -438,7 +443,13 @@ fn wait_ready(tls: &std::sync::Arc<rustls::ClientConfig>, nodes: &mut [NodeEntry
 }
 
 /// Calls `method path` on the first live node (owner policy); the answer body as JSON.
-fn call_any(file: &ClusterFile, skip: Option<u64>, method: hyper::Method, path: &str, body: Vec<u8>) -> Result<serde_json::Value, LauncherError> {
+fn call_any(
+    file: &ClusterFile,
+    skip: Option<u64>,
+    method: hyper::Method,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<serde_json::Value, LauncherError> {
     let tls = super::https::client_config(&file.ca)?;
     let rt = runtime()?;
     let mut last = String::from("no live node");
@@ -472,8 +483,14 @@ fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
     let ports = free_ports(5)?;
     // The new node knows only itself and joins through a member (as on real machines, `--join`).
     let peers: BTreeMap<u64, SocketAddr> = BTreeMap::from([(id, loopback(ports[4]))]);
-    let via = file.nodes.iter().find(|n| pid_alive(n.pid)).map(|n| n.cluster).ok_or_else(|| LauncherError::Usage("the cluster has no node to join through".into()))?;
-    let policies_json = std::fs::read(dir.join("shared").join("policies.json")).map_err(io("reading the shared policies"))?;
+    let via = file
+        .nodes
+        .iter()
+        .find(|n| pid_alive(n.pid))
+        .map(|n| n.cluster)
+        .ok_or_else(|| LauncherError::Usage("the cluster has no node to join through".into()))?;
+    let policies_json =
+        std::fs::read(dir.join("shared").join("policies.json")).map_err(io("reading the shared policies"))?;
     let mut entry = prepare_node(dir, &file, id, &ports, &peers, Some(via), &policies_json)?;
     spawn_node(&file.bin, &mut entry)?;
     file.nodes.push(entry.clone());
@@ -484,7 +501,9 @@ fn add(dir: &Path, timeout: u64) -> Result<(), LauncherError> {
         if !pid_alive(entry.pid) {
             return true;
         }
-        views.iter().any(|(n, v)| *n != id && v.as_ref().is_some_and(|v| v["map"]["members"].get(id.to_string()).is_some()))
+        views
+            .iter()
+            .any(|(n, v)| *n != id && v.as_ref().is_some_and(|v| v["map"]["members"].get(id.to_string()).is_some()))
     })?;
     if !pid_alive(entry.pid) {
         return Err(LauncherError::Exited { id, log: entry.log.display().to_string() });
@@ -512,7 +531,12 @@ fn certs(a: &CertsArgs) -> Result<(), LauncherError> {
     println!("cluster CA: {} (its key {} stays with whoever issues certificates)", ca.display(), ca_key.display());
     for id in &a.nodes {
         let f = crate::tls::cluster::issue_node_cert(&ca, &ca_key, *id, &a.dir.join(format!("node-{id}")))?;
-        println!("node {id}: --cluster-ca {} --cluster-cert {} --cluster-key {}", f.ca.display(), f.cert.display(), f.key.display());
+        println!(
+            "node {id}: --cluster-ca {} --cluster-cert {} --cluster-key {}",
+            f.ca.display(),
+            f.cert.display(),
+            f.key.display()
+        );
     }
     Ok(())
 }
@@ -527,7 +551,14 @@ fn views(file: &ClusterFile) -> Result<Vec<(u64, Option<serde_json::Value>)>, La
         .map(|n| {
             let host = format!("{}:{}", file.hostname, n.http.port());
             let token = owner_token(&host, &file.owner_key);
-            let r = rt.block_on(super::https::get(tls.clone(), n.http, &file.hostname, "/cluster/status", Some(&token), Duration::from_secs(3)));
+            let r = rt.block_on(super::https::get(
+                tls.clone(),
+                n.http,
+                &file.hostname,
+                "/cluster/status",
+                Some(&token),
+                Duration::from_secs(3),
+            ));
             let v = match r {
                 Ok((200, body)) => serde_json::from_slice(&body).ok(),
                 _ => None,
@@ -542,7 +573,12 @@ fn leader_view(views: &[(u64, Option<serde_json::Value>)], shard: u32) -> Option
     views
         .iter()
         .filter_map(|(_, v)| v.as_ref())
-        .filter_map(|v| v["shards"].as_array().and_then(|a| a.iter().find(|x| x["shard"] == shard && x["is_leader"] == true)).cloned())
+        .filter_map(|v| {
+            v["shards"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["shard"] == shard && x["is_leader"] == true))
+                .cloned()
+        })
         .max_by_key(|x| x["term"].as_u64().unwrap_or(0))
 }
 
@@ -551,7 +587,8 @@ fn converged(file: &ClusterFile, views: &[(u64, Option<serde_json::Value>)]) -> 
     let Some(map) = views.iter().filter_map(|(_, v)| v.as_ref()).map(|v| v["map"].clone()).next() else { return false };
     (0..file.shard_count).all(|s| {
         let want = &map["placement"]["shards"][s as usize]["replicas"];
-        leader_view(views, s).is_some_and(|v| v["voters"] == *want && v["learners"].as_array().is_none_or(Vec::is_empty))
+        leader_view(views, s)
+            .is_some_and(|v| v["voters"] == *want && v["learners"].as_array().is_none_or(Vec::is_empty))
     })
 }
 
@@ -591,7 +628,8 @@ fn remove(dir: &Path, node: u64) -> Result<(), LauncherError> {
     let deadline = started + Duration::from_secs(600);
     // Drained when the map has forgotten it (the metadata leader does so once no shard holds it).
     wait_until(&file, deadline, &format!("node {node} holds no replica"), |views| {
-        let maps: Vec<&serde_json::Value> = views.iter().filter(|(id, _)| *id != node).filter_map(|(_, v)| v.as_ref()).collect();
+        let maps: Vec<&serde_json::Value> =
+            views.iter().filter(|(id, _)| *id != node).filter_map(|(_, v)| v.as_ref()).collect();
         !maps.is_empty() && maps.iter().all(|v| v["map"]["members"].get(node.to_string()).is_none())
     })?;
     eprintln!("node {node} drained in {:.1?}", started.elapsed());
@@ -717,7 +755,9 @@ fn remote_views(a: &StatusArgs) -> Result<(Vec<serde_json::Value>, Views, u32), 
     let shard_count = all
         .iter()
         .filter_map(|(_, v)| v.as_ref())
-        .map(|v| v["map"]["shard_count"].as_u64().unwrap_or(0).max(v["shards"].as_array().map_or(0, |s| s.len() as u64)))
+        .map(|v| {
+            v["map"]["shard_count"].as_u64().unwrap_or(0).max(v["shards"].as_array().map_or(0, |s| s.len() as u64))
+        })
         .max()
         .unwrap_or(0) as u32;
     Ok((nodes, all, shard_count))
@@ -771,13 +811,33 @@ fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, js
     };
     let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} http", "node", "pid", "alive", "reachable", "ready");
     for n in &nodes {
-        let _ = writeln!(out, "{:<6} {:<8} {:<7} {:<10} {:<6} {}", t(&n["id"]), t(&n["pid"]), t(&n["alive"]), t(&n["reachable"]), t(&n["ready"]), t(&n["http"]));
+        let _ = writeln!(
+            out,
+            "{:<6} {:<8} {:<7} {:<10} {:<6} {}",
+            t(&n["id"]),
+            t(&n["pid"]),
+            t(&n["alive"]),
+            t(&n["reachable"]),
+            t(&n["ready"]),
+            t(&n["http"])
+        );
     }
     // A single node has no metadata group.
     if !meta_summary["voters"].is_null() {
-        let _ = writeln!(out, "\nmetadata group: leader {}, term {}, voters {}, learners {}", t(&meta_summary["leader"]), t(&meta_summary["term"]), t(&meta_summary["voters"]), t(&meta_summary["learners"]));
+        let _ = writeln!(
+            out,
+            "\nmetadata group: leader {}, term {}, voters {}, learners {}",
+            t(&meta_summary["leader"]),
+            t(&meta_summary["term"]),
+            t(&meta_summary["voters"]),
+            t(&meta_summary["learners"])
+        );
     }
-    let _ = writeln!(out, "\n{:<6} {:<7} {:<6} {:<12} {:<12} {:<8} {:<10} lag", "shard", "leader", "term", "replicas", "target", "settled", "commit");
+    let _ = writeln!(
+        out,
+        "\n{:<6} {:<7} {:<6} {:<12} {:<12} {:<8} {:<10} lag",
+        "shard", "leader", "term", "replicas", "target", "settled", "commit"
+    );
     for s in &shards {
         let _ = writeln!(
             out,

@@ -257,7 +257,11 @@ impl Config {
         }
         .unwrap_or(16);
         if shard_count == 0 || shard_count > 4096 {
-            return Err(ConfigError::Invalid { option: "shard-count", value: shard_count.to_string(), expected: "shard count (1..=4096)" });
+            return Err(ConfigError::Invalid {
+                option: "shard-count",
+                value: shard_count.to_string(),
+                expected: "shard count (1..=4096)",
+            });
         }
         let snapshot_every = match args.snapshot_every {
             Some(n) => n,
@@ -267,18 +271,34 @@ impl Config {
                 .or(file.snapshot_every)
                 .unwrap_or(10_000),
         };
-        let http = args.http_listen.or_else(|| env("TWINHUB_HTTP_LISTEN")).or(file.http_listen).unwrap_or_else(|| "0.0.0.0:8443".into());
-        let mqtt = args.mqtt_listen.or_else(|| env("TWINHUB_MQTT_LISTEN")).or(file.mqtt_listen).unwrap_or_else(|| "0.0.0.0:8883".into());
+        let http = args
+            .http_listen
+            .or_else(|| env("TWINHUB_HTTP_LISTEN"))
+            .or(file.http_listen)
+            .unwrap_or_else(|| "0.0.0.0:8443".into());
+        let mqtt = args
+            .mqtt_listen
+            .or_else(|| env("TWINHUB_MQTT_LISTEN"))
+            .or(file.mqtt_listen)
+            .unwrap_or_else(|| "0.0.0.0:8883".into());
         let mqtt_plain = args.mqtt_plain_listen.or_else(|| env("TWINHUB_MQTT_PLAIN_LISTEN")).or(file.mqtt_plain_listen);
-        let events = args.events_listen.or_else(|| env("TWINHUB_EVENTS_LISTEN")).or(file.events_listen).unwrap_or_else(|| "0.0.0.0:8884".into());
-        let path = |flag: Option<PathBuf>, var: &str, f: Option<PathBuf>| flag.or_else(|| env(var).map(PathBuf::from)).or(f);
-        let hostname = args.hostname.or_else(|| env("TWINHUB_HOSTNAME")).or(file.hostname).unwrap_or_else(|| "localhost".into());
+        let events = args
+            .events_listen
+            .or_else(|| env("TWINHUB_EVENTS_LISTEN"))
+            .or(file.events_listen)
+            .unwrap_or_else(|| "0.0.0.0:8884".into());
+        let path =
+            |flag: Option<PathBuf>, var: &str, f: Option<PathBuf>| flag.or_else(|| env(var).map(PathBuf::from)).or(f);
+        let hostname =
+            args.hostname.or_else(|| env("TWINHUB_HOSTNAME")).or(file.hostname).unwrap_or_else(|| "localhost".into());
         if hostname.is_empty() || hostname.contains(['/', ';', ' ']) {
             return Err(ConfigError::Invalid { option: "hostname", value: hostname, expected: "host name" });
         }
         let node_id = match args.node_id {
             Some(n) => n,
-            None => env("TWINHUB_NODE_ID").map(|v| parse_u("TWINHUB_NODE_ID", v)).transpose()?.or(file.node_id).unwrap_or(1),
+            None => {
+                env("TWINHUB_NODE_ID").map(|v| parse_u("TWINHUB_NODE_ID", v)).transpose()?.or(file.node_id).unwrap_or(1)
+            }
         };
         if node_id == 0 {
             return Err(ConfigError::Invalid { option: "node-id", value: "0".into(), expected: "node id (≥ 1)" });
@@ -293,16 +313,30 @@ impl Config {
                     .or_else(|| env("TWINHUB_CLUSTER_ADVERTISE"))
                     .or(file.cluster_advertise)
                     .unwrap_or_else(|| listen.to_string());
-                let secret_file = path(args.cluster_secret_file.clone(), "TWINHUB_CLUSTER_SECRET_FILE", file.cluster_secret_file.clone());
-                let secret_inline = args.cluster_secret.clone().or_else(|| env("TWINHUB_CLUSTER_SECRET")).or(file.cluster_secret.clone());
+                let secret_file = path(
+                    args.cluster_secret_file.clone(),
+                    "TWINHUB_CLUSTER_SECRET_FILE",
+                    file.cluster_secret_file.clone(),
+                );
+                let secret_inline = args
+                    .cluster_secret
+                    .clone()
+                    .or_else(|| env("TWINHUB_CLUSTER_SECRET"))
+                    .or(file.cluster_secret.clone());
                 let secret = match (secret_inline, secret_file) {
-                    (Some(_), Some(_)) => return Err(ConfigError::Conflict { option: "cluster-secret", other: "cluster-secret-file" }),
+                    (Some(_), Some(_)) => {
+                        return Err(ConfigError::Conflict { option: "cluster-secret", other: "cluster-secret-file" })
+                    }
                     (Some(s), None) => s,
                     (None, Some(p)) => read_secret("cluster-secret-file", &p)?,
                     (None, None) => String::new(),
                 };
                 if secret.len() < 16 {
-                    return Err(ConfigError::Invalid { option: "cluster-secret", value: "(hidden)".into(), expected: "secret of at least 16 characters (required with --cluster-listen)" });
+                    return Err(ConfigError::Invalid {
+                        option: "cluster-secret",
+                        value: "(hidden)".into(),
+                        expected: "secret of at least 16 characters (required with --cluster-listen)",
+                    });
                 }
                 let peers_text = args.peers.or_else(|| env("TWINHUB_PEERS")).or(file.peers).unwrap_or_default();
                 let mut peers = parse_peers(&peers_text)?;
@@ -310,7 +344,11 @@ impl Config {
                 let join = args.join.or_else(|| env("TWINHUB_JOIN")).or(file.join);
                 if let Some(j) = &join {
                     if !j.contains(':') {
-                        return Err(ConfigError::Invalid { option: "join", value: j.clone(), expected: "HOST:PORT of a member's --cluster-listen" });
+                        return Err(ConfigError::Invalid {
+                            option: "join",
+                            value: j.clone(),
+                            expected: "HOST:PORT of a member's --cluster-listen",
+                        });
                     }
                 }
                 let plaintext = args.cluster_plaintext
@@ -322,9 +360,14 @@ impl Config {
                 let tls = match (ca, cert, key, plaintext) {
                     (None, None, None, true) => None,
                     (Some(_), _, _, true) | (_, Some(_), _, true) | (_, _, Some(_), true) => {
-                        return Err(ConfigError::Conflict { option: "cluster-plaintext", other: "cluster-ca/cluster-cert/cluster-key" })
+                        return Err(ConfigError::Conflict {
+                            option: "cluster-plaintext",
+                            other: "cluster-ca/cluster-cert/cluster-key",
+                        })
                     }
-                    (Some(ca), Some(cert), Some(key), false) => Some(crate::tls::cluster::ClusterTlsFiles { ca, cert, key }),
+                    (Some(ca), Some(cert), Some(key), false) => {
+                        Some(crate::tls::cluster::ClusterTlsFiles { ca, cert, key })
+                    }
                     _ => return Err(ConfigError::ClusterTls),
                 };
                 Some(ClusterConfig { listen, advertise, secret, peers, join, tls })
@@ -339,7 +382,11 @@ impl Config {
                 .unwrap_or(100),
         };
         if !(10..=10_000).contains(&raft_heartbeat_ms) {
-            return Err(ConfigError::Invalid { option: "raft-heartbeat-ms", value: raft_heartbeat_ms.to_string(), expected: "interval in milliseconds (10..=10000)" });
+            return Err(ConfigError::Invalid {
+                option: "raft-heartbeat-ms",
+                value: raft_heartbeat_ms.to_string(),
+                expected: "interval in milliseconds (10..=10000)",
+            });
         }
         let owner_key_inline = args.owner_key.clone().or_else(|| env("TWINHUB_OWNER_KEY")).or(file.owner_key.clone());
         let owner_key_file = path(args.owner_key_file.clone(), "TWINHUB_OWNER_KEY_FILE", file.owner_key_file.clone());
@@ -359,33 +406,76 @@ impl Config {
             https: count(args.max_connections_https, "TWINHUB_MAX_CONNECTIONS_HTTPS", file.max_connections_https)?,
             mqtt: count(args.max_connections_mqtt, "TWINHUB_MAX_CONNECTIONS_MQTT", file.max_connections_mqtt)?,
             events: count(args.max_connections_events, "TWINHUB_MAX_CONNECTIONS_EVENTS", file.max_connections_events)?,
-            cluster: count(args.max_connections_cluster, "TWINHUB_MAX_CONNECTIONS_CLUSTER", file.max_connections_cluster)?,
+            cluster: count(
+                args.max_connections_cluster,
+                "TWINHUB_MAX_CONNECTIONS_CLUSTER",
+                file.max_connections_cluster,
+            )?,
         };
-        let secs = |flag: Option<u64>, var: &'static str, f: Option<u64>, default: u64| -> Result<std::time::Duration, ConfigError> {
+        let secs = |flag: Option<u64>,
+                    var: &'static str,
+                    f: Option<u64>,
+                    default: u64|
+         -> Result<std::time::Duration, ConfigError> {
             let n = match flag {
                 Some(n) => n,
                 None => env(var).map(|v| parse_u(var, v)).transpose()?.or(f).unwrap_or(default),
             };
             if n == 0 || n > 86_400 {
-                return Err(ConfigError::Invalid { option: var, value: n.to_string(), expected: "number of seconds (1..=86400)" });
+                return Err(ConfigError::Invalid {
+                    option: var,
+                    value: n.to_string(),
+                    expected: "number of seconds (1..=86400)",
+                });
             }
             Ok(std::time::Duration::from_secs(n))
         };
         let net = crate::net::NetLimits {
             caps,
-            max_per_source: count(args.max_connections_per_source, "TWINHUB_MAX_CONNECTIONS_PER_SOURCE", file.max_connections_per_source)?.unwrap_or(256),
-            max_unauthenticated: count(args.max_unauthenticated, "TWINHUB_MAX_UNAUTHENTICATED", file.max_unauthenticated)?.unwrap_or(1024).max(1),
-            max_unauthenticated_per_source: count(args.max_unauthenticated_per_source, "TWINHUB_MAX_UNAUTHENTICATED_PER_SOURCE", file.max_unauthenticated_per_source)?.unwrap_or(64),
-            handshake_timeout: secs(args.handshake_timeout_secs, "TWINHUB_HANDSHAKE_TIMEOUT_SECS", file.handshake_timeout_secs, 10)?,
+            max_per_source: count(
+                args.max_connections_per_source,
+                "TWINHUB_MAX_CONNECTIONS_PER_SOURCE",
+                file.max_connections_per_source,
+            )?
+            .unwrap_or(256),
+            max_unauthenticated: count(
+                args.max_unauthenticated,
+                "TWINHUB_MAX_UNAUTHENTICATED",
+                file.max_unauthenticated,
+            )?
+            .unwrap_or(1024)
+            .max(1),
+            max_unauthenticated_per_source: count(
+                args.max_unauthenticated_per_source,
+                "TWINHUB_MAX_UNAUTHENTICATED_PER_SOURCE",
+                file.max_unauthenticated_per_source,
+            )?
+            .unwrap_or(64),
+            handshake_timeout: secs(
+                args.handshake_timeout_secs,
+                "TWINHUB_HANDSHAKE_TIMEOUT_SECS",
+                file.handshake_timeout_secs,
+                10,
+            )?,
             idle_timeout: secs(args.idle_timeout_secs, "TWINHUB_IDLE_TIMEOUT_SECS", file.idle_timeout_secs, 120)?,
         };
-        let mqtt_max_keep_alive = secs(args.mqtt_max_keep_alive_secs, "TWINHUB_MQTT_MAX_KEEP_ALIVE_SECS", file.mqtt_max_keep_alive_secs, 1740)?;
+        let mqtt_max_keep_alive = secs(
+            args.mqtt_max_keep_alive_secs,
+            "TWINHUB_MQTT_MAX_KEEP_ALIVE_SECS",
+            file.mqtt_max_keep_alive_secs,
+            1740,
+        )?;
         let mqtt_max_keep_alive = u16::try_from(mqtt_max_keep_alive.as_secs()).map_err(|_| ConfigError::Invalid {
             option: "mqtt-max-keep-alive-secs",
             value: mqtt_max_keep_alive.as_secs().to_string(),
             expected: "number of seconds (1..=65535)",
         })?;
-        let configuration_interval = secs(args.configuration_interval_secs, "TWINHUB_CONFIGURATION_INTERVAL_SECS", file.configuration_interval_secs, 30)?;
+        let configuration_interval = secs(
+            args.configuration_interval_secs,
+            "TWINHUB_CONFIGURATION_INTERVAL_SECS",
+            file.configuration_interval_secs,
+            30,
+        )?;
         let follower_reads = args.follower_reads
             || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
             || file.follower_reads.unwrap_or(false);
@@ -394,7 +484,8 @@ impl Config {
             cluster,
             raft_heartbeat_ms,
             follower_reads,
-            data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir).unwrap_or_else(|| PathBuf::from("./twinhub-data")),
+            data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
             mqtt_listen: addr("mqtt-listen", mqtt)?,
             mqtt_plain_listen: mqtt_plain.map(|v| addr("mqtt-plain-listen", v)).transpose()?,
@@ -431,7 +522,11 @@ pub fn parse_peers(text: &str) -> Result<std::collections::BTreeMap<u64, String>
 /// read is used, with a warning (the secret is already exposed; refusing would not take it back).
 fn read_secret(option: &'static str, path: &Path) -> Result<String, ConfigError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile { option, path: shown.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::SecretFile {
+        option,
+        path: shown.clone(),
+        source,
+    })?;
     #[cfg(unix)]
     if let Ok(meta) = std::fs::metadata(path) {
         use std::os::unix::fs::PermissionsExt;
@@ -482,8 +577,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("t.toml");
         std::fs::write(&file, "http_listen = \"127.0.0.1:1001\"\nmqtt_listen = \"127.0.0.1:2001\"\nhostname = \"file-host\"\nshard_count = 3\ndata_dir = \"/file\"\n").unwrap();
-        let env = env_of(&[("TWINHUB_HTTP_LISTEN", "127.0.0.1:1002"), ("TWINHUB_HOSTNAME", "env-host"), ("TWINHUB_SHARD_COUNT", "5")]);
-        let args = ServeArgs { config: Some(file.clone()), http_listen: Some("127.0.0.1:1003".into()), ..Default::default() };
+        let env = env_of(&[
+            ("TWINHUB_HTTP_LISTEN", "127.0.0.1:1002"),
+            ("TWINHUB_HOSTNAME", "env-host"),
+            ("TWINHUB_SHARD_COUNT", "5"),
+        ]);
+        let args =
+            ServeArgs { config: Some(file.clone()), http_listen: Some("127.0.0.1:1003".into()), ..Default::default() };
         let c = Config::resolve(args, &env).unwrap();
         assert_eq!(c.http_listen, "127.0.0.1:1003".parse().unwrap(), "flag wins");
         assert_eq!(c.hostname, "env-host", "env beats file");
@@ -504,7 +604,8 @@ mod tests {
             #[command(flatten)]
             a: ServeArgs,
         }
-        let t = T::try_parse_from(["x", "--http-listen", "127.0.0.1:0", "--shard-count", "4", "--owner-key", "AAAA"]).unwrap();
+        let t = T::try_parse_from(["x", "--http-listen", "127.0.0.1:0", "--shard-count", "4", "--owner-key", "AAAA"])
+            .unwrap();
         assert_eq!(t.a.http_listen.as_deref(), Some("127.0.0.1:0"));
         assert_eq!(t.a.shard_count, Some(4));
         assert_eq!(t.a.owner_key.as_deref(), Some("AAAA"));
@@ -512,7 +613,8 @@ mod tests {
 
     #[test]
     fn bad_values_are_named() {
-        let e = Config::resolve(ServeArgs { http_listen: Some("nope".into()), ..Default::default() }, env_of(&[])).unwrap_err();
+        let e = Config::resolve(ServeArgs { http_listen: Some("nope".into()), ..Default::default() }, env_of(&[]))
+            .unwrap_err();
         assert!(e.to_string().contains("http-listen") && e.to_string().contains("nope"), "{e}");
         let e = Config::resolve(ServeArgs::default(), env_of(&[("TWINHUB_SHARD_COUNT", "x")])).unwrap_err();
         assert!(e.to_string().contains("TWINHUB_SHARD_COUNT"), "{e}");
@@ -538,7 +640,11 @@ mod tests {
         assert!(Config::resolve(both, env_of(&[])).unwrap_err().to_string().contains("both given"));
         let plain = Config::resolve(ServeArgs { cluster_plaintext: true, ..base() }, env_of(&[])).unwrap();
         assert_eq!(plain.cluster.unwrap().tls, None);
-        let env = env_of(&[("TWINHUB_CLUSTER_CA", "/ca.pem"), ("TWINHUB_CLUSTER_CERT", "/n.pem"), ("TWINHUB_CLUSTER_KEY", "/n.key")]);
+        let env = env_of(&[
+            ("TWINHUB_CLUSTER_CA", "/ca.pem"),
+            ("TWINHUB_CLUSTER_CERT", "/n.pem"),
+            ("TWINHUB_CLUSTER_KEY", "/n.key"),
+        ]);
         let tls = Config::resolve(base(), env).unwrap().cluster.unwrap().tls.unwrap();
         assert_eq!((tls.ca, tls.cert, tls.key), ("/ca.pem".into(), "/n.pem".into(), "/n.key".into()));
     }

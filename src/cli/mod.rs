@@ -17,7 +17,11 @@ use clap::{Parser, Subcommand};
 pub use config::{Config, ConfigError, ServeArgs};
 
 #[derive(Parser, Debug)]
-#[command(name = "twinhub", version, about = "Sharded, Raft-replicated device-twin service speaking Azure IoT Hub's twin protocols")]
+#[command(
+    name = "twinhub",
+    version,
+    about = "Sharded, Raft-replicated device-twin service speaking Azure IoT Hub's twin protocols"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -123,7 +123,12 @@ impl Remote {
         let (host_port, policy, key, ca) = if let Some(dir) = &t.dir {
             let file = super::cluster::read_cluster_file(dir).map_err(|e| RemoteError::Usage(e.to_string()))?;
             let n = file.nodes.first().ok_or_else(|| RemoteError::Usage(format!("{}: no nodes", dir.display())))?;
-            (format!("{}:{}", file.hostname, n.http.port()), "iothubowner".to_string(), file.owner_key.clone(), file.ca.clone())
+            (
+                format!("{}:{}", file.hostname, n.http.port()),
+                "iothubowner".to_string(),
+                file.owner_key.clone(),
+                file.ca.clone(),
+            )
         } else {
             let (cs, ca) = match (&t.connection_string, profile(t.profile.as_deref())?) {
                 (Some(cs), from_profile) => {
@@ -154,7 +159,14 @@ impl Remote {
     /// tokens against its own `host:port`.
     pub fn at(&self, host: &str, addr: SocketAddr) -> Remote {
         let hub = format!("{host}:{}", addr.port());
-        Remote { addr, host: host.to_string(), tls: self.tls.clone(), hub, key: self.key.clone(), policy: self.policy.clone() }
+        Remote {
+            addr,
+            host: host.to_string(),
+            tls: self.tls.clone(),
+            hub,
+            key: self.key.clone(),
+            policy: self.policy.clone(),
+        }
     }
 
     /// A policy token valid for an hour.
@@ -199,20 +211,34 @@ impl Remote {
         if a.body.is_empty() {
             return Ok((a.headers, Value::Null));
         }
-        let v = serde_json::from_slice(&a.body).map_err(|e| RemoteError::Invalid(format!("{path}: the answer is not JSON: {e}")))?;
+        let v = serde_json::from_slice(&a.body)
+            .map_err(|e| RemoteError::Invalid(format!("{path}: the answer is not JSON: {e}")))?;
         Ok((a.headers, v))
     }
 
     /// A signed request whose body streams (the change feed); an error answer is read whole.
-    pub async fn open(&self, path: &str, extra: &[(&str, String)], timeout: Duration) -> Result<hyper::Response<hyper::body::Incoming>, RemoteError> {
+    pub async fn open(
+        &self,
+        path: &str,
+        extra: &[(&str, String)],
+        timeout: Duration,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, RemoteError> {
         use http_body_util::BodyExt;
         let headers = self.headers(extra)?;
-        let resp = tokio::time::timeout(timeout, https::open(self.tls.clone(), self.addr, &self.host, hyper::Method::GET, path, &headers, Vec::new()))
-            .await
-            .map_err(|_| HttpsError::Timeout(self.addr.to_string()))??;
+        let resp = tokio::time::timeout(
+            timeout,
+            https::open(self.tls.clone(), self.addr, &self.host, hyper::Method::GET, path, &headers, Vec::new()),
+        )
+        .await
+        .map_err(|_| HttpsError::Timeout(self.addr.to_string()))??;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
-            let body = tokio::time::timeout(timeout, resp.into_body().collect()).await.ok().and_then(Result::ok).map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+            let body = tokio::time::timeout(timeout, resp.into_body().collect())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|b| b.to_bytes().to_vec())
+                .unwrap_or_default();
             return Err(RemoteError::from_answer(status, &body));
         }
         Ok(resp)
@@ -221,11 +247,19 @@ impl Remote {
 
 /// `(host:port, policy, key)` of a policy connection string.
 pub fn parse_connection_string(cs: &str) -> Result<(String, String, String), RemoteError> {
-    let parts: HashMap<&str, &str> = cs.split(';').filter_map(|p| p.split_once('=')).map(|(k, v)| (k.trim(), v.trim())).collect();
+    let parts: HashMap<&str, &str> =
+        cs.split(';').filter_map(|p| p.split_once('=')).map(|(k, v)| (k.trim(), v.trim())).collect();
     if parts.contains_key("DeviceId") && !parts.contains_key("SharedAccessKeyName") {
-        return Err(RemoteError::Usage("that is a device connection string: give a shared access policy's (e.g. iothubowner)".into()));
+        return Err(RemoteError::Usage(
+            "that is a device connection string: give a shared access policy's (e.g. iothubowner)".into(),
+        ));
     }
-    let get = |k: &str| parts.get(k).map(|v| v.to_string()).ok_or_else(|| RemoteError::Usage(format!("the connection string has no {k}")));
+    let get = |k: &str| {
+        parts
+            .get(k)
+            .map(|v| v.to_string())
+            .ok_or_else(|| RemoteError::Usage(format!("the connection string has no {k}")))
+    };
     let host = get("HostName")?;
     let host = if host.contains(':') { host } else { format!("{host}:443") };
     Ok((host, get("SharedAccessKeyName")?, get("SharedAccessKey")?))
@@ -237,9 +271,12 @@ mod tests {
 
     #[test]
     fn connection_strings_are_taken_apart_or_refused_with_the_reason() {
-        let (h, p, k) = parse_connection_string("HostName=localhost:8443;SharedAccessKeyName=iothubowner;SharedAccessKey=a2V5").unwrap();
+        let (h, p, k) =
+            parse_connection_string("HostName=localhost:8443;SharedAccessKeyName=iothubowner;SharedAccessKey=a2V5")
+                .unwrap();
         assert_eq!((h.as_str(), p.as_str(), k.as_str()), ("localhost:8443", "iothubowner", "a2V5"));
-        let (h, _, _) = parse_connection_string("HostName=hub.example;SharedAccessKeyName=service;SharedAccessKey=a2V5").unwrap();
+        let (h, _, _) =
+            parse_connection_string("HostName=hub.example;SharedAccessKeyName=service;SharedAccessKey=a2V5").unwrap();
         assert_eq!(h, "hub.example:443");
         let e = parse_connection_string("HostName=h:1;DeviceId=d;SharedAccessKey=a2V5").unwrap_err().to_string();
         assert!(e.contains("device connection string"), "{e}");
@@ -249,7 +286,10 @@ mod tests {
 
     #[test]
     fn hub_errors_keep_their_code_and_text() {
-        let e = RemoteError::from_answer(404, br#"{"Message":"ErrorCode:DeviceNotFound;Device d1 not found","ExceptionMessage":"x"}"#);
+        let e = RemoteError::from_answer(
+            404,
+            br#"{"Message":"ErrorCode:DeviceNotFound;Device d1 not found","ExceptionMessage":"x"}"#,
+        );
         assert_eq!(e.to_string(), "DeviceNotFound: Device d1 not found (HTTP 404)");
         let e = RemoteError::from_answer(502, b"bad gateway");
         assert_eq!(e.to_string(), "HTTP502: bad gateway (HTTP 502)");

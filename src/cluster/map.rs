@@ -222,7 +222,10 @@ mod tests {
         let mut m = founded(3, 16);
         m.apply(&ClusterOp::AddNode { id: 4, addr: "a4".into() }).unwrap();
         assert!(m.shards_of(4).len() >= 11, "new node takes its share");
-        assert_eq!(m.apply(&ClusterOp::AddNode { id: 4, addr: "other".into() }), Err(MapError::AddressConflict(4, "a4".into())));
+        assert_eq!(
+            m.apply(&ClusterOp::AddNode { id: 4, addr: "other".into() }),
+            Err(MapError::AddressConflict(4, "a4".into()))
+        );
         m.apply(&ClusterOp::RemoveNode { id: 2 }).unwrap();
         assert!(m.shards_of(2).is_empty(), "drained in the target");
         assert_eq!(m.apply(&ClusterOp::RemoveNode { id: 1 }), Err(MapError::TooFewNodes(1, 3)));

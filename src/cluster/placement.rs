@@ -175,7 +175,8 @@ impl Placement {
         }
         // 4. Even out preferred leaderships among each shard's replicas.
         let leaders = self.leader_load(&members.iter().copied().collect::<Vec<_>>());
-        let (lmax_node, lmax) = leaders.iter().max_by_key(|(n, l)| (**l, std::cmp::Reverse(**n))).map(|(n, l)| (*n, *l))?;
+        let (lmax_node, lmax) =
+            leaders.iter().max_by_key(|(n, l)| (**l, std::cmp::Reverse(**n))).map(|(n, l)| (*n, *l))?;
         for (i, s) in self.shards.iter().enumerate() {
             if s.leader != lmax_node {
                 continue;

@@ -73,8 +73,8 @@ use serde::Serialize;
 
 pub use auth::ClusterSecret;
 pub use error::TransportError;
-pub use peers::PeerTable;
 pub use listen::serve;
+pub use peers::PeerTable;
 pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
 pub use wire::{Endpoint, RaftKind, RpcFailure};
 
@@ -224,7 +224,12 @@ impl Transport {
 
     /// The server side, dispatching to this transport's registries; run it with [`serve`].
     pub fn service(&self) -> RaftRpcService {
-        RaftRpcService::new(self.inner.config.clone(), self.inner.groups.clone(), self.inner.handlers.clone(), self.inner.peers.clone())
+        RaftRpcService::new(
+            self.inner.config.clone(),
+            self.inner.groups.clone(),
+            self.inner.handlers.clone(),
+            self.inner.peers.clone(),
+        )
     }
 
     pub async fn append_entries(
@@ -375,7 +380,10 @@ impl Transport {
         let claim = verify_answer(target, &parts, &path, nonce, config)?;
         let limit = config.limits.for_endpoint(endpoint);
         if claim.body.len > limit as u64 {
-            return Err(TransportError::Decode { node: target, msg: format!("answer of {} bytes, limit {limit}", claim.body.len) });
+            return Err(TransportError::Decode {
+                node: target,
+                msg: format!("answer of {} bytes, limit {limit}", claim.body.len),
+            });
         }
         let answer = match Limited::new(incoming, claim.body.len as usize).collect().await {
             Ok(c) => c.to_bytes(),

@@ -77,7 +77,8 @@ pub async fn shard_page(
 
 pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
-    let meta: MetaBackup = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
+    let meta: MetaBackup =
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
     let meta_json = serde_json::to_string(&meta).map_err(|e| ApiError::Internal(e.to_string()))?;
     st.twins()?.shards.propose_meta(Op::RestoreMeta { meta_json }).await??;
     Ok(ok_json(&json!({"restored": "meta"})))
@@ -91,7 +92,8 @@ pub async fn restore_shard(
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
     let shard = shard_arg(&st, shard)?;
-    let page: BackupPage = serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
+    let page: BackupPage =
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
     let twins = st.twins()?;
     if let Some(stray) = page.devices.keys().find(|d| twins.shards.shard_of(d) != shard) {
         return Err(ApiError::BadRequest(format!(

@@ -40,7 +40,8 @@ fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Api
 /// `PUT /devices/{id}` (keys generated where absent), twin sections through the twin patch checks.
 fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
     let obj = v.as_object().ok_or_else(|| bad("each entry must be a JSON object".into()))?;
-    let device = opt_string(obj, "id")?.filter(|s| !s.is_empty()).ok_or_else(|| bad("id (the device id) is required".into()))?;
+    let device =
+        opt_string(obj, "id")?.filter(|s| !s.is_empty()).ok_or_else(|| bad("id (the device id) is required".into()))?;
     validate_id("device", &device)?;
     let module = opt_string(obj, "moduleId")?.filter(|s| !s.is_empty());
     if let Some(m) = &module {
@@ -119,10 +120,15 @@ fn named_id(v: &Value) -> TwinId {
     }
 }
 
-pub async fn bulk(State(st): State<Shared>, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn bulk(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, "devices", Permission::RegistryWrite)?;
     let doc = body::json(raw, "ExportImportDevice array")?;
-    let items = doc.as_array().ok_or_else(|| bad("the body must be a JSON array of ExportImportDevice entries".into()))?;
+    let items =
+        doc.as_array().ok_or_else(|| bad("the body must be a JSON array of ExportImportDevice entries".into()))?;
     if items.is_empty() || items.len() > MAX_ENTRIES {
         return Err(bad(format!("a bulk call takes 1 to {MAX_ENTRIES} entries, got {}", items.len())));
     }

@@ -23,7 +23,8 @@ const RESOURCE: &str = "certificates";
 
 /// DER of a certificate sent as PEM or as bare base64.
 fn der_of(text: &str) -> Result<Vec<u8>, ApiError> {
-    let bad = |why: &str| ApiError::BadRequest(format!("'certificate' is not a PEM or base64 X.509 certificate: {why}"));
+    let bad =
+        |why: &str| ApiError::BadRequest(format!("'certificate' is not a PEM or base64 X.509 certificate: {why}"));
     if text.contains("-----BEGIN") {
         let mut bytes = text.as_bytes();
         let mut certs = rustls_pemfile::certs(&mut bytes);
@@ -38,9 +39,9 @@ fn der_of(text: &str) -> Result<Vec<u8>, ApiError> {
 }
 
 fn certificate_field<'a>(v: &'a Value, pointer: &str) -> Result<&'a str, ApiError> {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApiError::BadRequest(format!("the body has no string '{}'", pointer.trim_start_matches('/').replace('/', "."))))
+    v.pointer(pointer).and_then(Value::as_str).ok_or_else(|| {
+        ApiError::BadRequest(format!("the body has no string '{}'", pointer.trim_start_matches('/').replace('/', ".")))
+    })
 }
 
 fn describe(der: Vec<u8>) -> Result<CaCert, ApiError> {
@@ -101,13 +102,21 @@ pub async fn list(State(st): State<Shared>, headers: HeaderMap) -> Result<Respon
     Ok(ok_json(&json!({ "value": all })))
 }
 
-pub async fn delete(State(st): State<Shared>, Path(name): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn delete(
+    State(st): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let op = CertOp::Delete { name, if_match: required_if_match(&headers)? };
     reply(st.twins()?.shards.propose_meta(Op::Certificate(op)).await?)
 }
 
-pub async fn generate_code(State(st): State<Shared>, Path(name): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn generate_code(
+    State(st): State<Shared>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let code = hex_code();
     let op = CertOp::GenerateCode { name, code, if_match: required_if_match(&headers)? };
@@ -116,7 +125,11 @@ pub async fn generate_code(State(st): State<Shared>, Path(name): Path<String>, h
             let mut v = v;
             // The answer (and only it) carries the code the proof must name.
             let name = v["name"].as_str().unwrap_or_default().to_string();
-            let code = st.twins()?.shards.read_meta(|s| s.certificates.get(&name).and_then(|r| r.verification_code.clone())).await?;
+            let code = st
+                .twins()?
+                .shards
+                .read_meta(|s| s.certificates.get(&name).and_then(|r| r.verification_code.clone()))
+                .await?;
             v["properties"]["verificationCode"] = json!(code);
             Ok(ok_json(&v))
         }
@@ -142,14 +155,19 @@ pub async fn verify(
     let proof = der_of(certificate_field(&req, "/certificate")?)?;
     let shards = &st.twins()?.shards;
     let ca = shards
-        .read_meta(|s| s.certificates.get(&name).and_then(|r| base64::engine::general_purpose::STANDARD.decode(&r.cert.der_b64).ok()))
+        .read_meta(|s| {
+            s.certificates
+                .get(&name)
+                .and_then(|r| base64::engine::general_purpose::STANDARD.decode(&r.cert.der_b64).ok())
+        })
         .await?
         .ok_or_else(|| ApiError::Twin(crate::model::TwinError::CertificateNotFound(name.clone())))?;
     let code = x509::common_name(&proof)
         .map_err(|e| ApiError::BadRequest(e.to_string()))?
         .ok_or_else(|| ApiError::BadRequest("the verification certificate has no subject CN".into()))?;
-    x509::verify_chain(&[CertificateDer::from(proof)], &[CertificateDer::from(ca)], now_ms() / 1000)
-        .map_err(|e| ApiError::BadRequest(format!("the verification certificate is not signed by certificate {name}: {e}")))?;
+    x509::verify_chain(&[CertificateDer::from(proof)], &[CertificateDer::from(ca)], now_ms() / 1000).map_err(|e| {
+        ApiError::BadRequest(format!("the verification certificate is not signed by certificate {name}: {e}"))
+    })?;
     // Apply compares the code with the record's current one, so a code regenerated meanwhile wins.
     reply(shards.propose_meta(Op::Certificate(CertOp::Verify { name, code, if_match })).await?)
 }

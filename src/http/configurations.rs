@@ -91,7 +91,11 @@ pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: Head
     get_one(&st, &id).await
 }
 
-pub async fn delete(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn delete(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let op = Op::Configuration(ConfigOp::Delete { id, if_match: if_match(&headers) });
     st.twins()?.shards.propose_meta(op).await??;
@@ -105,14 +109,13 @@ pub async fn list(
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryRead)?;
     let Query(q) = q.map_err(|e| ApiError::BadRequest(format!("malformed query string: {e}")))?;
-    let top = match q.get("top") {
-        None => DEFAULT_TOP,
-        Some(t) => t
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_TOP).contains(n))
-            .ok_or_else(|| ApiError::BadRequest(format!("top must be an integer from 1 to {MAX_TOP}, got '{t}'")))?,
-    };
+    let top =
+        match q.get("top") {
+            None => DEFAULT_TOP,
+            Some(t) => t.parse::<usize>().ok().filter(|n| (1..=MAX_TOP).contains(n)).ok_or_else(|| {
+                ApiError::BadRequest(format!("top must be an integer from 1 to {MAX_TOP}, got '{t}'"))
+            })?,
+        };
     let configs: Vec<Configuration> =
         st.twins()?.shards.read_meta(|s| s.configs.configs.values().take(top).cloned().collect()).await?;
     let refs: Vec<&Configuration> = configs.iter().collect();
@@ -121,7 +124,11 @@ pub async fn list(
 
 /// `POST /configurations/testQueries`: parses a target condition and metric queries without storing
 /// anything; empty strings mean "no error".
-pub async fn test_queries(State(st): State<Shared>, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+pub async fn test_queries(
+    State(st): State<Shared>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryRead)?;
     let doc = body::json(raw, "ConfigurationQueriesTestInput")?;
     let condition_error = match doc.get("targetCondition").and_then(Value::as_str) {

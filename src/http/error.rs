@@ -138,10 +138,19 @@ mod tests {
     fn status_mapping() {
         let cases: Vec<(ApiError, u16, &str)> = vec![
             (AuthError::BadSignature.into(), 401, "IotHubUnauthorizedAccess"),
-            (AuthError::MissingPermission { policy: "p".into(), needed: crate::auth::Permission::RegistryWrite }.into(), 401, "IotHubUnauthorizedAccess"),
+            (
+                AuthError::MissingPermission { policy: "p".into(), needed: crate::auth::Permission::RegistryWrite }
+                    .into(),
+                401,
+                "IotHubUnauthorizedAccess",
+            ),
             (TwinError::ModuleNotFound { device: "d".into(), module: "m".into() }.into(), 404, "ModuleNotFound"),
             (TwinError::DeviceAlreadyExists("d".into()).into(), 409, "DeviceAlreadyExists"),
-            (TwinError::ModuleAlreadyExists { device: "d".into(), module: "m".into() }.into(), 409, "ModuleAlreadyExistsOnDevice"),
+            (
+                TwinError::ModuleAlreadyExists { device: "d".into(), module: "m".into() }.into(),
+                409,
+                "ModuleAlreadyExistsOnDevice",
+            ),
             (TwinError::PreconditionFailed("x".into()).into(), 412, "PreconditionFailed"),
             (TwinError::InvalidArgument("x".into()).into(), 400, "ArgumentInvalid"),
             (ApiError::TooLarge(1), 413, "RequestEntityTooLarge"),

@@ -78,10 +78,12 @@ pub async fn create(
             (update.to_string(), patch.to_string(), None)
         }
         DEVICE_METHOD => {
-            let call = req.get("cloudToDeviceMethod").filter(|c| !c.is_null()).ok_or_else(|| {
-                ApiError::BadRequest(format!("a {DEVICE_METHOD} job needs cloudToDeviceMethod"))
-            })?;
-            let method = crate::model::method::parse(call).map_err(|e| ApiError::BadRequest(format!("cloudToDeviceMethod: {e}")))?;
+            let call = req
+                .get("cloudToDeviceMethod")
+                .filter(|c| !c.is_null())
+                .ok_or_else(|| ApiError::BadRequest(format!("a {DEVICE_METHOD} job needs cloudToDeviceMethod")))?;
+            let method = crate::model::method::parse(call)
+                .map_err(|e| ApiError::BadRequest(format!("cloudToDeviceMethod: {e}")))?;
             ("null".to_string(), String::new(), Some(method))
         }
         other => {
@@ -97,7 +99,9 @@ pub async fn create(
     };
     let max_execution_secs = match req.get("maxExecutionTimeInSeconds") {
         None | Some(Value::Null) => DEFAULT_MAX_SECS,
-        Some(v) => v.as_u64().ok_or_else(|| ApiError::BadRequest("maxExecutionTimeInSeconds must be a non-negative integer".into()))?,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| ApiError::BadRequest("maxExecutionTimeInSeconds must be a non-negative integer".into()))?,
     };
     let spec = JobSpec {
         job_id: id,
@@ -122,7 +126,11 @@ pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: Head
     job.map(|j| ok_json(&j)).ok_or_else(|| ApiError::JobNotFound(id))
 }
 
-pub async fn cancel(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn cancel(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, "jobs", Permission::RegistryWrite)?;
     let shards = &st.twins()?.shards;
     if !shards.read_meta(|s| s.jobs.jobs.contains_key(&id)).await? {

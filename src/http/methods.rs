@@ -14,7 +14,12 @@ use crate::auth::Permission;
 use crate::ids::TwinId;
 use crate::model::{method, validate_id, TwinError};
 
-async fn invoke(st: Shared, id: TwinId, headers: HeaderMap, raw: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn invoke(
+    st: Shared,
+    id: TwinId,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let resource = match &id.module_id {
         Some(m) => format!("twins/{}/modules/{m}/methods", id.device_id),
         None => format!("twins/{}/methods", id.device_id),

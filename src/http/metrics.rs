@@ -41,7 +41,10 @@ pub fn metrics_handle() -> Option<&'static PrometheusHandle> {
 fn register_defaults() {
     let counters = [
         ("twinhub_notify_pushes_delivered_total", "Desired pushes handed to device connections."),
-        ("twinhub_notify_pushes_merged_total", "Desired pushes merged into a pending one for a busy device (coalescing)."),
+        (
+            "twinhub_notify_pushes_merged_total",
+            "Desired pushes merged into a pending one for a busy device (coalescing).",
+        ),
         ("twinhub_notify_pushes_stale_total", "Desired pushes dropped because the device already had a newer version."),
         ("twinhub_notify_feed_events_total", "Twin change events published to the change feed."),
         ("twinhub_notify_feed_delivered_total", "Change events delivered to feed consumers."),
@@ -70,19 +73,37 @@ fn register_defaults() {
         ("twinhub_mqtt_desired_pushes_total", "Desired-property pushes sent to devices."),
         ("twinhub_mqtt_telemetry_dropped_total", "Device-to-cloud messages acknowledged and dropped (no routing yet)."),
         ("twinhub_mqtt_tls_failures_total", "Device MQTT TLS handshakes that failed."),
-        ("twinhub_mqtt_sessions_restored_total", "Persistent MQTT sessions whose subscriptions were restored on connect."),
+        (
+            "twinhub_mqtt_sessions_restored_total",
+            "Persistent MQTT sessions whose subscriptions were restored on connect.",
+        ),
         ("twinhub_mqtt_sessions_evicted_total", "Detached persistent MQTT sessions evicted to bound memory."),
         ("twinhub_mqtt_websocket_connections_total", "MQTT-over-WebSocket upgrades accepted."),
         ("twinhub_mqtt_websocket_refused_total", "MQTT-over-WebSocket upgrades refused."),
-        ("twinhub_listener_refused_total", "Connections refused at accept by a connection bound, by listener and reason."),
+        (
+            "twinhub_listener_refused_total",
+            "Connections refused at accept by a connection bound, by listener and reason.",
+        ),
         ("twinhub_method_calls_total", "Direct method calls, by outcome."),
         ("twinhub_method_responses_total", "Direct method responses received from devices."),
-        ("twinhub_notify_feed_resyncs_total", "Change-feed consumers told to resync (their position could not be served)."),
+        (
+            "twinhub_notify_feed_resyncs_total",
+            "Change-feed consumers told to resync (their position could not be served).",
+        ),
         ("twinhub_notify_feed_superseded_total", "Change-feed consumers replaced by a newer one of the same identity."),
-        ("twinhub_notify_push_overflows_total", "Device push queues that overflowed (the connection is closed; the device re-reads its twin)."),
+        (
+            "twinhub_notify_push_overflows_total",
+            "Device push queues that overflowed (the connection is closed; the device re-reads its twin).",
+        ),
         ("twinhub_notify_broker_published_total", "Events published on the back-end event broker."),
-        ("twinhub_notify_broker_internal_login_refused_total", "Refused logins with the event broker's internal identity."),
-        ("twinhub_event_tail_gaps_total", "Change events of remotely hosted shards that a tail could not fetch (consumers are told to resync)."),
+        (
+            "twinhub_notify_broker_internal_login_refused_total",
+            "Refused logins with the event broker's internal identity.",
+        ),
+        (
+            "twinhub_event_tail_gaps_total",
+            "Change events of remotely hosted shards that a tail could not fetch (consumers are told to resync).",
+        ),
         ("twinhub_route_forwarded_total", "Writes forwarded to the node leading the twin's shard."),
         ("twinhub_route_forwarded_reads_total", "Reads forwarded to a node holding a replica of the twin's shard."),
         ("twinhub_route_retries_total", "Writes retried after a leader change or an unreachable node."),
@@ -96,7 +117,10 @@ fn register_defaults() {
         ("twinhub_rpc_server_refused_total", "Inter-node calls refused (bad signature, replay, unknown peer)."),
         ("twinhub_shard_leader_changes_total", "Leader changes seen by this node, by shard."),
         ("twinhub_shard_leader_transfers_total", "Leadership transfers started by the balancer, by shard."),
-        ("twinhub_shard_fast_elections_total", "Elections started at once because the leader's process was found gone, by shard."),
+        (
+            "twinhub_shard_fast_elections_total",
+            "Elections started at once because the leader's process was found gone, by shard.",
+        ),
         ("twinhub_configuration_passes_total", "Passes of the configurations reconciler."),
         ("twinhub_configuration_twin_updates_total", "Twin updates written by automatic device configurations."),
     ];
@@ -118,7 +142,10 @@ fn register_defaults() {
         ("twinhub_shard_apply_index", "Last applied index of the shard's replica on this node."),
         ("twinhub_shard_is_leader", "1 if this node leads the shard."),
         ("twinhub_shard_has_leader", "1 if this node knows a leader of the shard."),
-        ("twinhub_shard_max_replica_lag", "Log entries the furthest follower is behind, as this node sees it when leading."),
+        (
+            "twinhub_shard_max_replica_lag",
+            "Log entries the furthest follower is behind, as this node sees it when leading.",
+        ),
         ("twinhub_listener_connections", "Open connections, by listener."),
         ("twinhub_listener_unauthenticated_connections", "Open connections not yet authenticated, by listener."),
         ("twinhub_mqtt_sessions", "MQTT sessions held (connected and detached persistent ones)."),
@@ -132,13 +159,40 @@ fn register_defaults() {
     for (name, help) in gauges {
         metrics::describe_gauge!(name, help);
     }
-    metrics::describe_histogram!("twinhub_http_request_duration_seconds", metrics::Unit::Seconds, "HTTPS request latency by route.");
-    metrics::describe_histogram!("twinhub_mqtt_request_duration_seconds", metrics::Unit::Seconds, "Device MQTT request latency by kind.");
-    metrics::describe_histogram!("twinhub_rpc_request_duration_seconds", metrics::Unit::Seconds, "Inter-node call latency seen by the caller, by kind and peer.");
-    metrics::describe_histogram!("twinhub_rpc_server_request_duration_seconds", metrics::Unit::Seconds, "Inter-node call handling time, by kind.");
-    metrics::describe_histogram!("twinhub_storage_fsync_seconds", metrics::Unit::Seconds, "Duration of one group-commit fsync.");
-    metrics::describe_histogram!("twinhub_storage_batch_requests", "Storage requests (log appends of every shard) covered by one fsync.");
-    metrics::describe_gauge!("twinhub_data_dir_free_bytes", metrics::Unit::Bytes, "Free bytes of the data directory's file system.");
+    metrics::describe_histogram!(
+        "twinhub_http_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "HTTPS request latency by route."
+    );
+    metrics::describe_histogram!(
+        "twinhub_mqtt_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Device MQTT request latency by kind."
+    );
+    metrics::describe_histogram!(
+        "twinhub_rpc_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Inter-node call latency seen by the caller, by kind and peer."
+    );
+    metrics::describe_histogram!(
+        "twinhub_rpc_server_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Inter-node call handling time, by kind."
+    );
+    metrics::describe_histogram!(
+        "twinhub_storage_fsync_seconds",
+        metrics::Unit::Seconds,
+        "Duration of one group-commit fsync."
+    );
+    metrics::describe_histogram!(
+        "twinhub_storage_batch_requests",
+        "Storage requests (log appends of every shard) covered by one fsync."
+    );
+    metrics::describe_gauge!(
+        "twinhub_data_dir_free_bytes",
+        metrics::Unit::Bytes,
+        "Free bytes of the data directory's file system."
+    );
     metrics::describe_gauge!("process_resident_memory_bytes", metrics::Unit::Bytes, "Resident memory of the process.");
 }
 

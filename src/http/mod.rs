@@ -6,11 +6,11 @@
 
 mod backup;
 mod body;
-mod configurations;
-pub mod console;
 mod bulk;
 mod certificates;
 mod changes;
+mod configurations;
+pub mod console;
 pub mod error;
 mod jobs;
 mod methods;
@@ -74,8 +74,7 @@ pub type Shared = Arc<AppState>;
 pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
     let bytes = serde_json::to_vec(body).unwrap_or_else(|_| b"{}".to_vec());
     let mut resp = (status, bytes).into_response();
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
     resp
 }
 
@@ -128,8 +127,9 @@ async fn add_member(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;
-    let m: NewMember = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::BadRequest(format!("body must be {{\"id\": <node id>, \"addr\": \"host:port\"}}: {e}")))?;
+    let m: NewMember = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!("body must be {{\"id\": <node id>, \"addr\": \"host:port\"}}: {e}"))
+    })?;
     if m.id == 0 || !m.addr.contains(':') {
         return Err(ApiError::BadRequest(format!("invalid member {} at '{}'", m.id, m.addr)));
     }
@@ -206,19 +206,13 @@ pub fn router(state: Shared) -> Router {
         .route("/jobs/v2/query", get(jobs::query))
         .route("/jobs/v2/{id}", get(jobs::get).put(jobs::create))
         .route("/jobs/v2/{id}/cancel", axum::routing::post(jobs::cancel))
-        .route(
-            "/devices/{id}",
-            get(registry::get_device).put(registry::put_device).delete(registry::delete_device),
-        )
+        .route("/devices/{id}", get(registry::get_device).put(registry::put_device).delete(registry::delete_device))
         .route("/devices/{id}/modules", get(registry::list_modules))
         .route(
             "/devices/{id}/modules/{mid}",
             get(registry::get_module).put(registry::put_module).delete(registry::delete_module),
         )
-        .route(
-            "/twins/{id}",
-            get(twins::get_twin).patch(twins::update_twin).put(twins::replace_twin),
-        )
+        .route("/twins/{id}", get(twins::get_twin).patch(twins::update_twin).put(twins::replace_twin))
         .route(
             "/twins/{id}/modules/{mid}",
             get(twins::get_module_twin).patch(twins::update_module_twin).put(twins::replace_module_twin),
@@ -237,18 +231,17 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/backup/shards/{shard}", get(backup::shard_page))
         .route(
             "/cluster/restore/meta",
-            axum::routing::post(backup::restore_meta).layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
+            axum::routing::post(backup::restore_meta)
+                .layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
         )
         .route(
             "/cluster/restore/shards/{shard}",
-            axum::routing::post(backup::restore_shard).layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
+            axum::routing::post(backup::restore_shard)
+                .layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
         )
         .route("/configurations", get(configurations::list))
         .route("/configurations/testQueries", axum::routing::post(configurations::test_queries))
-        .route(
-            "/configurations/{id}",
-            get(configurations::get).put(configurations::put).delete(configurations::delete),
-        )
+        .route("/configurations/{id}", get(configurations::get).put(configurations::put).delete(configurations::delete))
         .route("/twins/{id}/methods", axum::routing::post(methods::invoke_device))
         .route("/twins/{id}/modules/{mid}/methods", axum::routing::post(methods::invoke_module))
         .route(WEBSOCKET_PATH, get(websocket::upgrade))

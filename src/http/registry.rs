@@ -14,8 +14,10 @@ use serde_json::{json, Map, Value};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{generate_key, Permission};
 use crate::ids::TwinId;
+use crate::model::{
+    now_ms, validate_id, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, Reply, Status, TwinError,
+};
 use crate::twin::read::ReadOp;
-use crate::model::{now_ms, validate_id, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, Reply, Status, TwinError};
 
 /// `GET /devices?top=N`: default and maximum.
 const MAX_LIST: usize = 1000;
@@ -30,7 +32,11 @@ pub async fn propose(st: &Shared, id: &TwinId, cmd: Command) -> Result<Reply, Ap
     Ok(applied.result?)
 }
 
-pub async fn get_device(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn get_device(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}"), Permission::RegistryRead)?;
     let doc = st.twins()?.device(&id).await?;
     let doc = doc.ok_or_else(|| TwinError::DeviceNotFound(id.clone()))?;
@@ -89,14 +95,22 @@ pub async fn put_device(
     }
 }
 
-pub async fn delete_device(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn delete_device(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}"), Permission::RegistryWrite)?;
     let cmd = Command::new(Op::DeleteDevice { device_id: id.clone(), if_match: if_match(&headers) }, now_ms());
     propose(&st, &TwinId::device(id), cmd).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-pub async fn list_modules(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn list_modules(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}/modules"), Permission::RegistryRead)?;
     let modules = st.twins()?.docs(st.twins()?.shards.shard_of(&id), ReadOp::Modules(id.clone())).await??;
     Ok(ok_json(&Value::Array(modules)))
@@ -225,7 +239,11 @@ fn requested_parent(id: &str, iot_edge: bool, doc: &Value) -> Result<Option<Opti
         Some(Value::Null) => Some(Vec::new()),
         Some(Value::Array(a)) => Some(
             a.iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(format!("parentScopes must hold strings, got {v}"))))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| bad(format!("parentScopes must hold strings, got {v}")))
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         ),
         Some(other) => return Err(bad(format!("parentScopes must be an array, got {other}"))),
@@ -327,10 +345,8 @@ fn auth_spec(v: Option<&Value>) -> Result<AuthSpec, ApiError> {
 
 /// IoT Hub accepts base64 keys of 16 to 64 bytes.
 fn check_key(name: &str, key: &str) -> Result<(), ApiError> {
-    let len = B64
-        .decode(key)
-        .map_err(|_| bad(format!("authentication.symmetricKey.{name} is not valid base64")))?
-        .len();
+    let len =
+        B64.decode(key).map_err(|_| bad(format!("authentication.symmetricKey.{name} is not valid base64")))?.len();
     if !(16..=64).contains(&len) {
         return Err(bad(format!("authentication.symmetricKey.{name} decodes to {len} bytes; it must be 16 to 64")));
     }
@@ -371,7 +387,10 @@ mod tests {
         assert!(device_spec("d1", &json!({"deviceId":"d2"})).unwrap_err().to_string().contains("does not match"));
         assert!(device_spec("d1", &json!({"status":"on"})).unwrap_err().to_string().contains("status"));
         assert!(device_spec("d1", &json!([])).unwrap_err().to_string().contains("JSON object"));
-        assert!(device_spec("d1", &json!({"authentication":{"type":"magic"}})).unwrap_err().to_string().contains("authentication.type"));
+        assert!(device_spec("d1", &json!({"authentication":{"type":"magic"}}))
+            .unwrap_err()
+            .to_string()
+            .contains("authentication.type"));
         let m = module_spec("d1", "m1", &json!({"moduleId":"m2"})).unwrap_err().to_string();
         assert!(m.contains("moduleId"), "{m}");
         let none = device_spec("d1", &json!({"authentication":{"type":"none"}})).unwrap();

@@ -17,7 +17,14 @@ const HOST: &str = "localhost:8443";
 
 fn app() -> (Router, Arc<Policies>) {
     let policies = Arc::new(Policies::generate());
-    let state = Arc::new(AppState { twins: None, hub: None, policies: policies.clone(), host: HOST.into(), mqtt_ws: None, methods: None });
+    let state = Arc::new(AppState {
+        twins: None,
+        hub: None,
+        policies: policies.clone(),
+        host: HOST.into(),
+        mqtt_ws: None,
+        methods: None,
+    });
     (router(state), policies)
 }
 
@@ -30,7 +37,13 @@ fn token(policies: &Policies, name: &str) -> String {
     format!("SharedAccessSignature sr={sr}&sig={sig}&se={se}&skn={name}")
 }
 
-async fn call(app: Router, method: &str, uri: &str, auth: Option<String>, body: impl Into<Body>) -> (StatusCode, Value, String) {
+async fn call(
+    app: Router,
+    method: &str,
+    uri: &str,
+    auth: Option<String>,
+    body: impl Into<Body>,
+) -> (StatusCode, Value, String) {
     let mut req = Request::builder().method(method).uri(uri).header("content-type", "application/json; charset=utf-8");
     if let Some(a) = auth {
         req = req.header("authorization", a);
@@ -77,7 +90,12 @@ async fn missing_permission_is_401() {
 #[tokio::test]
 async fn malformed_json_is_400_with_iot_hub_body() {
     let (app, policies) = app();
-    for (method, uri) in [("PATCH", "/twins/d1"), ("PUT", "/twins/d1/modules/m1"), ("PUT", "/devices/d1"), ("PUT", "/devices/d1/modules/m1")] {
+    for (method, uri) in [
+        ("PATCH", "/twins/d1"),
+        ("PUT", "/twins/d1/modules/m1"),
+        ("PUT", "/devices/d1"),
+        ("PUT", "/devices/d1/modules/m1"),
+    ] {
         let (s, b, ct) = call(app.clone(), method, uri, Some(token(&policies, "iothubowner")), "{\"tags\": ").await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {uri}");
         assert_eq!(code(&b), "ErrorCode:ArgumentInvalid");
@@ -92,13 +110,15 @@ async fn malformed_json_is_400_with_iot_hub_body() {
 #[tokio::test]
 async fn invalid_twin_and_ids_rejected_before_proposing() {
     let (app, policies) = app();
-    let (s, b, _) = call(app.clone(), "PATCH", "/twins/d1", Some(token(&policies, "service")), r#"{"tags":{"a.b":1}}"#).await;
+    let (s, b, _) =
+        call(app.clone(), "PATCH", "/twins/d1", Some(token(&policies, "service")), r#"{"tags":{"a.b":1}}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(code(&b), "ErrorCode:ArgumentInvalid");
     let (s, b, _) = call(app.clone(), "PUT", "/devices/bad%20id", Some(token(&policies, "iothubowner")), "{}").await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(b["Message"].as_str().unwrap().contains("device id"), "{b}");
-    let (s, _, _) = call(app, "PUT", "/devices/d1", Some(token(&policies, "iothubowner")), r#"{"status":"maybe"}"#).await;
+    let (s, _, _) =
+        call(app, "PUT", "/devices/d1", Some(token(&policies, "iothubowner")), r#"{"status":"maybe"}"#).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 }
 
@@ -131,7 +151,10 @@ async fn no_body_is_read_before_the_credential() {
     let (_tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(1);
     let body = Body::from_stream(tokio_stream_of(rx));
     let req = Request::builder().method("PATCH").uri("/twins/d1").body(body).unwrap();
-    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), app.oneshot(req)).await.expect("answered without the body").unwrap();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), app.oneshot(req))
+        .await
+        .expect("answered without the body")
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(resp.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
 }

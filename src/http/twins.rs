@@ -26,7 +26,13 @@ async fn get(st: Shared, id: TwinId, headers: HeaderMap) -> Result<Response, Api
 }
 
 /// PATCH (`replace == false`) or PUT of a twin: validated before proposing.
-async fn write(st: Shared, id: TwinId, headers: HeaderMap, raw: Result<Bytes, BytesRejection>, replace: bool) -> Result<Response, ApiError> {
+async fn write(
+    st: Shared,
+    id: TwinId,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+    replace: bool,
+) -> Result<Response, ApiError> {
     st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
     validate_id("device", &id.device_id)?;
     if let Some(m) = &id.module_id {
@@ -48,7 +54,11 @@ async fn write(st: Shared, id: TwinId, headers: HeaderMap, raw: Result<Bytes, By
     }
 }
 
-pub async fn get_twin(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn get_twin(
+    State(st): State<Shared>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     get(st, TwinId::device(id), headers).await
 }
 

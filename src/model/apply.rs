@@ -121,19 +121,25 @@ impl ShardState {
             }
             Op::PutDeviceWithParent { device, parent_scope, if_match } => {
                 let reply = self.put_device(cmd, device, if_match.as_ref(), events)?;
-                let entry = self.devices.get_mut(&device.device_id).ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
+                let entry = self
+                    .devices
+                    .get_mut(&device.device_id)
+                    .ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
                 let parents: Vec<String> = parent_scope.iter().cloned().collect();
                 if entry.iot_edge {
                     entry.scopes.parent_scopes = parents;
                 } else {
-                    entry.scopes = super::registry::Scopes { device_scope: parent_scope.clone(), parent_scopes: parents };
+                    entry.scopes =
+                        super::registry::Scopes { device_scope: parent_scope.clone(), parent_scopes: parents };
                 }
                 Ok(match reply {
                     Reply::Device(_) => Reply::Device(entry.render(&device.device_id)),
                     other => other,
                 })
             }
-            Op::ApplyConfiguration { device_id, marks, apply } => self.apply_configuration(device_id, marks, apply.as_ref(), at, events),
+            Op::ApplyConfiguration { device_id, marks, apply } => {
+                self.apply_configuration(device_id, marks, apply.as_ref(), at, events)
+            }
             Op::JobMethodClaim { job_id, job_type, created_ms, start_ms, device_id } => {
                 if let Some(row) = self.device_jobs.get(job_id).and_then(|rows| rows.get(device_id)) {
                     return Ok(Reply::Claim { claimed: false, running: row.running });
@@ -159,9 +165,11 @@ impl ShardState {
                         row.end_ms = at;
                         match outcome {
                             Ok((status, payload_json)) => {
-                                let payload = serde_json::from_str::<serde_json::Value>(payload_json).unwrap_or(serde_json::Value::Null);
+                                let payload = serde_json::from_str::<serde_json::Value>(payload_json)
+                                    .unwrap_or(serde_json::Value::Null);
                                 row.succeeded = true;
-                                row.method_response_json = Some(serde_json::json!({"status": status, "payload": payload}).to_string());
+                                row.method_response_json =
+                                    Some(serde_json::json!({"status": status, "payload": payload}).to_string());
                             }
                             Err(e) => row.error = Some(e.clone()),
                         }
@@ -189,8 +197,7 @@ impl ShardState {
     }
 
     fn twin_doc_mut(&mut self, id: &TwinId) -> Result<&mut TwinDoc, TwinError> {
-        let dev =
-            self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        let dev = self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.twin),
             Some(m) => dev.modules.get_mut(m).map(|m| &mut m.twin).ok_or_else(|| not_found(id)),
@@ -198,15 +205,20 @@ impl ShardState {
     }
 
     fn identity_mut(&mut self, id: &TwinId) -> Result<&mut Identity, TwinError> {
-        let dev =
-            self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        let dev = self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.identity),
             Some(m) => dev.modules.get_mut(m).map(|m| &mut m.identity).ok_or_else(|| not_found(id)),
         }
     }
 
-    pub(super) fn put_device(&mut self, cmd: &Command, spec: &DeviceSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn put_device(
+        &mut self,
+        cmd: &Command,
+        spec: &DeviceSpec,
+        if_match: Option<&IfMatch>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let id = spec.device_id.as_str();
         validate_id("device", id)?;
         match (self.devices.get(id), if_match) {
@@ -272,7 +284,13 @@ impl ShardState {
         Ok(Reply::Done)
     }
 
-    pub(super) fn put_module(&mut self, cmd: &Command, spec: &ModuleSpec, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn put_module(
+        &mut self,
+        cmd: &Command,
+        spec: &ModuleSpec,
+        if_match: Option<&IfMatch>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let (did, mid) = (spec.device_id.as_str(), spec.module_id.as_str());
         validate_id("device", did)?;
         validate_id("module", mid)?;
@@ -321,7 +339,13 @@ impl ShardState {
         }
     }
 
-    pub(super) fn delete_module(&mut self, did: &str, mid: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn delete_module(
+        &mut self,
+        did: &str,
+        mid: &str,
+        if_match: Option<&IfMatch>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let id = TwinId::module(did, mid);
         let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
         let m = dev.modules.get(mid).ok_or_else(|| not_found(&id))?;
@@ -346,7 +370,8 @@ impl ShardState {
     ) -> Outcome {
         let id = TwinId::device(device_id.to_string());
         let Ok(twin) = self.twin_doc(&id) else { return Ok(Reply::Done) };
-        let newly = apply.filter(|(cfg, _)| twin.configurations.get(cfg).map(String::as_str) != Some(super::config::APPLIED));
+        let newly =
+            apply.filter(|(cfg, _)| twin.configurations.get(cfg).map(String::as_str) != Some(super::config::APPLIED));
         if let Some((_, patch)) = newly {
             let body = format!(r#"{{"properties":{{"desired":{patch}}}}}"#);
             self.update_twin(&id, &body, None, at, events)?;
@@ -355,7 +380,14 @@ impl ShardState {
         Ok(Reply::Done)
     }
 
-    pub(super) fn update_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
+    pub(super) fn update_twin(
+        &mut self,
+        id: &TwinId,
+        json: &str,
+        if_match: Option<&IfMatch>,
+        at: i64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let body = parse_json(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;
@@ -425,7 +457,14 @@ impl ShardState {
         Ok(Reply::Twin(self.twin(id)?))
     }
 
-    fn replace_twin(&mut self, id: &TwinId, json: &str, if_match: Option<&IfMatch>, at: i64, events: &mut Vec<Event>) -> Outcome {
+    fn replace_twin(
+        &mut self,
+        id: &TwinId,
+        json: &str,
+        if_match: Option<&IfMatch>,
+        at: i64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         let body = parse_json(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;
@@ -452,7 +491,11 @@ impl ShardState {
         twin.desired = desired;
         let full = self.twin(id)?;
         events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full.clone(), version });
-        events.push(Event::DesiredPatch { id: id.clone(), patch: with_version(diff, desired_version), desired_version });
+        events.push(Event::DesiredPatch {
+            id: id.clone(),
+            patch: with_version(diff, desired_version),
+            desired_version,
+        });
         Ok(Reply::Twin(full))
     }
 
@@ -480,7 +523,12 @@ impl ShardState {
         let mut change = Map::new();
         change.insert("version".into(), Value::from(version));
         change.insert("properties".into(), Value::Object(props));
-        events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body: Value::Object(change), version });
+        events.push(Event::TwinChanged {
+            id: id.clone(),
+            op_type: "updateTwin".into(),
+            body: Value::Object(change),
+            version,
+        });
         Ok(Reply::Reported { version: reported_version })
     }
 
@@ -512,7 +560,8 @@ fn merged_auth(old: &super::command::AuthSpec, new: &super::command::AuthSpec) -
 fn set_edge_scope(entry: &mut DeviceEntry, device_id: &str, cmd: &Command) {
     let own = entry.scopes.device_scope.as_deref().and_then(super::registry::edge_scope_device) == Some(device_id);
     if entry.iot_edge && !own {
-        entry.scopes.device_scope = Some(super::registry::edge_scope(device_id, cmd.request_id.0 as u64 % 1_000_000_000_000_000));
+        entry.scopes.device_scope =
+            Some(super::registry::edge_scope(device_id, cmd.request_id.0 as u64 % 1_000_000_000_000_000));
     } else if !entry.iot_edge && own {
         entry.scopes.device_scope = None;
     }

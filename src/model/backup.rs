@@ -44,7 +44,8 @@ impl ShardState {
         let devices: BTreeMap<String, DeviceEntry> = range.take(limit).map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut device_jobs: DeviceJobs = BTreeMap::new();
         for (job, rows) in &self.device_jobs {
-            let mine: BTreeMap<_, _> = rows.iter().filter(|(d, _)| devices.contains_key(*d)).map(|(d, r)| (d.clone(), r.clone())).collect();
+            let mine: BTreeMap<_, _> =
+                rows.iter().filter(|(d, _)| devices.contains_key(*d)).map(|(d, r)| (d.clone(), r.clone())).collect();
             if !mine.is_empty() {
                 device_jobs.insert(job.clone(), mine);
             }
@@ -81,7 +82,9 @@ impl ShardState {
             return Ok(());
         }
         if !self.jobs.jobs.is_empty() || !self.configs.configs.is_empty() {
-            return Err(TwinError::InvalidArgument("the cluster already has jobs or configurations: restore into a new cluster".into()));
+            return Err(TwinError::InvalidArgument(
+                "the cluster already has jobs or configurations: restore into a new cluster".into(),
+            ));
         }
         self.jobs = meta.jobs.clone();
         self.configs = meta.configs.clone();

@@ -42,17 +42,36 @@ pub struct CaRecord {
 pub enum CertOp {
     /// Create, or (with `if_match`) replace an existing record; a new certificate is unverified unless
     /// the caller states `isVerified: true` (as IoT Hub lets an owner do on upload).
-    Put { name: String, cert: CaCert, verified: bool, if_match: Option<IfMatch> },
-    Delete { name: String, if_match: Option<IfMatch> },
-    GenerateCode { name: String, code: String, if_match: Option<IfMatch> },
+    Put {
+        name: String,
+        cert: CaCert,
+        verified: bool,
+        if_match: Option<IfMatch>,
+    },
+    Delete {
+        name: String,
+        if_match: Option<IfMatch>,
+    },
+    GenerateCode {
+        name: String,
+        code: String,
+        if_match: Option<IfMatch>,
+    },
     /// The front door checked a proof naming `code`; it counts only if `code` is still the record's.
-    Verify { name: String, code: String, if_match: Option<IfMatch> },
+    Verify {
+        name: String,
+        code: String,
+        if_match: Option<IfMatch>,
+    },
 }
 
 impl CertOp {
     pub fn name(&self) -> &str {
         match self {
-            CertOp::Put { name, .. } | CertOp::Delete { name, .. } | CertOp::GenerateCode { name, .. } | CertOp::Verify { name, .. } => name,
+            CertOp::Put { name, .. }
+            | CertOp::Delete { name, .. }
+            | CertOp::GenerateCode { name, .. }
+            | CertOp::Verify { name, .. } => name,
         }
     }
 }
@@ -94,12 +113,21 @@ impl Certificates {
                         r.created_ms
                     }
                     (Some(_), None) => {
-                        return Err(TwinError::PreconditionFailed(format!("certificate {name} exists; replacing it needs If-Match")))
+                        return Err(TwinError::PreconditionFailed(format!(
+                            "certificate {name} exists; replacing it needs If-Match"
+                        )))
                     }
                     (None, _) => now_ms,
                 };
                 let etag = self.next_etag();
-                let r = CaRecord { cert: cert.clone(), verified: *verified, verification_code: None, etag, created_ms, updated_ms: now_ms };
+                let r = CaRecord {
+                    cert: cert.clone(),
+                    verified: *verified,
+                    verification_code: None,
+                    etag,
+                    created_ms,
+                    updated_ms: now_ms,
+                };
                 self.records.insert(name.clone(), r);
             }
             CertOp::Delete { if_match, .. } => {
@@ -156,7 +184,9 @@ impl Certificates {
         if with_code {
             props["verificationCode"] = json!(r.verification_code);
         }
-        Some(json!({"properties": props, "id": name, "name": name, "etag": r.etag, "type": "Microsoft.Devices/IotHubs/Certificates"}))
+        Some(
+            json!({"properties": props, "id": name, "name": name, "etag": r.etag, "type": "Microsoft.Devices/IotHubs/Certificates"}),
+        )
     }
 
     pub fn list(&self) -> Vec<Value> {
@@ -185,7 +215,13 @@ mod tests {
     use super::*;
 
     fn cert() -> CaCert {
-        CaCert { der_b64: "AAEC".into(), subject: "CN=root".into(), thumbprint: "AB".into(), not_before_ms: 0, expiry_ms: 1 }
+        CaCert {
+            der_b64: "AAEC".into(),
+            subject: "CN=root".into(),
+            thumbprint: "AB".into(),
+            not_before_ms: 0,
+            expiry_ms: 1,
+        }
     }
 
     #[test]
@@ -197,11 +233,23 @@ mod tests {
         assert!(c.verified_anchors().is_empty(), "an unverified CA trusts nothing");
         assert!(matches!(c.apply(&put, 2), Err(TwinError::PreconditionFailed(_))), "a second create");
         let etag = v["etag"].as_str().unwrap().to_string();
-        let verify = |code: &str, etag: &str| CertOp::Verify { name: "ca".into(), code: code.into(), if_match: Some(IfMatch::Etag(etag.into())) };
+        let verify = |code: &str, etag: &str| CertOp::Verify {
+            name: "ca".into(),
+            code: code.into(),
+            if_match: Some(IfMatch::Etag(etag.into())),
+        };
         assert!(matches!(c.apply(&verify("x", &etag), 3), Err(TwinError::InvalidArgument(_))), "no code generated yet");
-        let gen = CertOp::GenerateCode { name: "ca".into(), code: "C0DE".into(), if_match: Some(IfMatch::Etag("stale".into())) };
+        let gen = CertOp::GenerateCode {
+            name: "ca".into(),
+            code: "C0DE".into(),
+            if_match: Some(IfMatch::Etag("stale".into())),
+        };
         assert!(matches!(c.apply(&gen, 3), Err(TwinError::PreconditionFailed(_))));
-        let gen = CertOp::GenerateCode { name: "ca".into(), code: "C0DE".into(), if_match: Some(IfMatch::Etag(etag.clone())) };
+        let gen = CertOp::GenerateCode {
+            name: "ca".into(),
+            code: "C0DE".into(),
+            if_match: Some(IfMatch::Etag(etag.clone())),
+        };
         let v = c.apply(&gen, 4).unwrap().unwrap();
         let etag2 = v["etag"].as_str().unwrap().to_string();
         assert_ne!(etag, etag2);

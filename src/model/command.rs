@@ -104,51 +104,113 @@ pub struct ModuleSpec {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {
     /// Without `if_match`: create, `DeviceAlreadyExists` if present. With it: update an existing device.
-    PutDevice { device: DeviceSpec, if_match: Option<IfMatch> },
+    PutDevice {
+        device: DeviceSpec,
+        if_match: Option<IfMatch>,
+    },
     /// Deletes the device, its modules and all their twins.
-    DeleteDevice { device_id: String, if_match: Option<IfMatch> },
-    PutModule { module: ModuleSpec, if_match: Option<IfMatch> },
-    DeleteModule { device_id: String, module_id: String, if_match: Option<IfMatch> },
+    DeleteDevice {
+        device_id: String,
+        if_match: Option<IfMatch>,
+    },
+    PutModule {
+        module: ModuleSpec,
+        if_match: Option<IfMatch>,
+    },
+    DeleteModule {
+        device_id: String,
+        module_id: String,
+        if_match: Option<IfMatch>,
+    },
     /// Service PATCH: `{"tags": {...}, "properties": {"desired": {...}}}`, recursive merge, `null` removes.
-    UpdateTwin { id: TwinId, patch_json: String, if_match: Option<IfMatch> },
+    UpdateTwin {
+        id: TwinId,
+        patch_json: String,
+        if_match: Option<IfMatch>,
+    },
     /// Service PUT: replaces tags and desired.
-    ReplaceTwin { id: TwinId, twin_json: String, if_match: Option<IfMatch> },
+    ReplaceTwin {
+        id: TwinId,
+        twin_json: String,
+        if_match: Option<IfMatch>,
+    },
     /// Device reported patch (same merge as desired).
-    UpdateReported { id: TwinId, patch_json: String },
+    UpdateReported {
+        id: TwinId,
+        patch_json: String,
+    },
     /// MQTT connect / disconnect of a device or module.
-    SetConnectionState { id: TwinId, connected: bool },
+    SetConnectionState {
+        id: TwinId,
+        connected: bool,
+    },
     /// A change of the cluster map: only ever proposed to the metadata group.
     Cluster(crate::cluster::map::ClusterOp),
     /// A change of a job record: only ever proposed to the metadata group.
     Job(super::jobs::JobOp),
     /// A job's update of one device: applies `patch_json` (a service twin patch) and records the
     /// device's outcome row, once: a second command for the same (job, device) changes nothing.
-    JobUpdateTwin { job_id: String, job_type: String, created_ms: i64, start_ms: i64, device_id: String, patch_json: String },
+    JobUpdateTwin {
+        job_id: String,
+        job_type: String,
+        created_ms: i64,
+        start_ms: i64,
+        device_id: String,
+        patch_json: String,
+    },
     /// A bulk registry call's entries that belong to one shard (see `model::bulk`); every entry applies
     /// or fails on its own.
-    Bulk { entries: Vec<super::bulk::BulkEntry> },
+    Bulk {
+        entries: Vec<super::bulk::BulkEntry>,
+    },
     /// A method job claims one device before calling it: records the device's row as `running` unless
     /// it has one (answers [`super::Reply::Claim`]). A missing device gets a failed row instead.
-    JobMethodClaim { job_id: String, job_type: String, created_ms: i64, start_ms: i64, device_id: String },
+    JobMethodClaim {
+        job_id: String,
+        job_type: String,
+        created_ms: i64,
+        start_ms: i64,
+        device_id: String,
+    },
     /// A method job's outcome on one device, recorded on its claimed (`running`) row only: the device's
     /// status and payload (JSON text), or why the call failed.
-    JobMethodResult { job_id: String, device_id: String, outcome: Result<(i64, String), String> },
+    JobMethodResult {
+        job_id: String,
+        device_id: String,
+        outcome: Result<(i64, String), String>,
+    },
     /// A change of a configuration record: only ever proposed to the metadata group.
     Configuration(super::config::ConfigOp),
     /// Sets a device twin's configuration marks; when `apply` names a configuration the twin has not
     /// applied yet, merges its desired patch (JSON text) as a service desired update.
-    ApplyConfiguration { device_id: String, marks: std::collections::BTreeMap<String, String>, apply: Option<(String, String)> },
+    ApplyConfiguration {
+        device_id: String,
+        marks: std::collections::BTreeMap<String, String>,
+        apply: Option<(String, String)>,
+    },
     /// `PutDevice` that also sets the device's parent: the edge scope of an existing edge device (the
     /// front door checked it), or `None` for no parent.
-    PutDeviceWithParent { device: DeviceSpec, parent_scope: Option<String>, if_match: Option<IfMatch> },
+    PutDeviceWithParent {
+        device: DeviceSpec,
+        parent_scope: Option<String>,
+        if_match: Option<IfMatch>,
+    },
     /// The subscriptions (filter, QoS) of an identity's persistent MQTT session; empty clears them.
-    SetSubscriptions { id: TwinId, filters: Vec<(String, u8)> },
+    SetSubscriptions {
+        id: TwinId,
+        filters: Vec<(String, u8)>,
+    },
     /// A restore's page of one shard's devices (`model::backup::BackupPage` as JSON text); routed by
     /// `route`, one of its device ids. Inserts only devices the shard does not have.
-    RestoreDevices { route: String, page_json: String },
+    RestoreDevices {
+        route: String,
+        page_json: String,
+    },
     /// A restore's metadata records (`model::backup::MetaBackup` as JSON text): only ever proposed to
     /// the metadata group.
-    RestoreMeta { meta_json: String },
+    RestoreMeta {
+        meta_json: String,
+    },
     /// A change of the hub's CA certificates: only ever proposed to the metadata group.
     Certificate(super::certificates::CertOp),
 }
@@ -219,10 +281,7 @@ impl fmt::Display for Command {
 
 /// Current wall clock in unix milliseconds, for proposers.
 pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -241,7 +300,11 @@ mod tests {
     #[test]
     fn command_roundtrips_through_postcard() {
         let cmd = Command::new(
-            Op::UpdateTwin { id: TwinId::module("d", "m"), patch_json: "{\"tags\":{}}".into(), if_match: Some(IfMatch::Any) },
+            Op::UpdateTwin {
+                id: TwinId::module("d", "m"),
+                patch_json: "{\"tags\":{}}".into(),
+                if_match: Some(IfMatch::Any),
+            },
             1_700_000_000_000,
         );
         let bytes = postcard::to_allocvec(&cmd).unwrap();

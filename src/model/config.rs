@@ -54,8 +54,14 @@ pub struct Configuration {
 pub enum ConfigOp {
     /// Without `if_match`: create (`ConfigurationAlreadyExists` if present). With it: update the
     /// mutable fields of an existing one.
-    Put { spec: ConfigSpec, if_match: Option<IfMatch> },
-    Delete { id: String, if_match: Option<IfMatch> },
+    Put {
+        spec: ConfigSpec,
+        if_match: Option<IfMatch>,
+    },
+    Delete {
+        id: String,
+        if_match: Option<IfMatch>,
+    },
 }
 
 impl ConfigOp {
@@ -283,22 +289,42 @@ mod tests {
     #[test]
     fn device_content_paths_become_a_desired_patch() {
         let s = spec("c1", 3);
-        assert_eq!(serde_json::from_str::<Value>(&s.desired_patch_json).unwrap(), json!({"fw": {"version": "2.0"}, "interval": 5}));
+        assert_eq!(
+            serde_json::from_str::<Value>(&s.desired_patch_json).unwrap(),
+            json!({"fw": {"version": "2.0"}, "interval": 5})
+        );
         assert_eq!((s.priority, s.schema_version.as_str()), (3, "1.0"));
         for (body, says) in [
             (json!({"targetCondition": "*"}), "deviceContent is required"),
             (json!({"content": {"deviceContent": {}}, "targetCondition": "*"}), "empty"),
             (json!({"content": {"deviceContent": {"tags.x": 1}}, "targetCondition": "*"}), "properties.desired."),
-            (json!({"content": {"deviceContent": {"properties.desired.a": 1, "properties.desired.a.b": 2}}, "targetCondition": "*"}), "overlaps"),
+            (
+                json!({"content": {"deviceContent": {"properties.desired.a": 1, "properties.desired.a.b": 2}}, "targetCondition": "*"}),
+                "overlaps",
+            ),
             (json!({"content": {"deviceContent": {"properties.desired.a": 1}}}), "targetCondition is required"),
-            (json!({"content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "*", "priority": -1}), "priority"),
-            (json!({"content": {"deviceContent": {"properties.desired.a": 1}, "moduleContent": {"x": {}}}, "targetCondition": "*"}), "moduleContent"),
-            (json!({"id": "other", "content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "*"}), "differs"),
+            (
+                json!({"content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "*", "priority": -1}),
+                "priority",
+            ),
+            (
+                json!({"content": {"deviceContent": {"properties.desired.a": 1}, "moduleContent": {"x": {}}}, "targetCondition": "*"}),
+                "moduleContent",
+            ),
+            (
+                json!({"id": "other", "content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "*"}),
+                "differs",
+            ),
         ] {
             let e = parse("c1", &body, ok, ok).unwrap_err();
             assert!(e.contains(says), "{body}: {e}");
         }
-        let bad = parse("c1", &json!({"content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "tags."}), |_| Err("syntax".into()), ok);
+        let bad = parse(
+            "c1",
+            &json!({"content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "tags."}),
+            |_| Err("syntax".into()),
+            ok,
+        );
         assert!(bad.unwrap_err().contains("targetCondition: syntax"));
     }
 
@@ -307,18 +333,36 @@ mod tests {
         let mut st = ConfigsState::default();
         let created = st.apply(&ConfigOp::Put { spec: spec("c1", 1), if_match: None }, 1_000).unwrap();
         assert_eq!(created["etag"], etag_text(1));
-        assert!(matches!(st.apply(&ConfigOp::Put { spec: spec("c1", 1), if_match: None }, 2_000), Err(TwinError::ConfigurationAlreadyExists(_))));
+        assert!(matches!(
+            st.apply(&ConfigOp::Put { spec: spec("c1", 1), if_match: None }, 2_000),
+            Err(TwinError::ConfigurationAlreadyExists(_))
+        ));
         let stale = Some(IfMatch::Etag("AAAAAAAAAAk=".into()));
-        assert!(matches!(st.apply(&ConfigOp::Put { spec: spec("c1", 2), if_match: stale.clone() }, 2_000), Err(TwinError::PreconditionFailed(_))));
+        assert!(matches!(
+            st.apply(&ConfigOp::Put { spec: spec("c1", 2), if_match: stale.clone() }, 2_000),
+            Err(TwinError::PreconditionFailed(_))
+        ));
         let updated = st.apply(&ConfigOp::Put { spec: spec("c1", 7), if_match: Some(IfMatch::Any) }, 3_000).unwrap();
         assert_eq!((updated["priority"].as_i64(), updated["etag"].as_str()), (Some(7), Some(etag_text(2).as_str())));
         let mut other_content = spec("c1", 7);
         other_content.device_content_json = "{}".into();
-        assert!(matches!(st.apply(&ConfigOp::Put { spec: other_content, if_match: Some(IfMatch::Any) }, 4_000), Err(TwinError::InvalidArgument(_))));
-        assert!(matches!(st.apply(&ConfigOp::Put { spec: spec("c2", 1), if_match: Some(IfMatch::Any) }, 4_000), Err(TwinError::ConfigurationNotFound(_))));
-        assert!(matches!(st.apply(&ConfigOp::Delete { id: "c1".into(), if_match: stale }, 5_000), Err(TwinError::PreconditionFailed(_))));
+        assert!(matches!(
+            st.apply(&ConfigOp::Put { spec: other_content, if_match: Some(IfMatch::Any) }, 4_000),
+            Err(TwinError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            st.apply(&ConfigOp::Put { spec: spec("c2", 1), if_match: Some(IfMatch::Any) }, 4_000),
+            Err(TwinError::ConfigurationNotFound(_))
+        ));
+        assert!(matches!(
+            st.apply(&ConfigOp::Delete { id: "c1".into(), if_match: stale }, 5_000),
+            Err(TwinError::PreconditionFailed(_))
+        ));
         st.apply(&ConfigOp::Delete { id: "c1".into(), if_match: None }, 5_000).unwrap();
-        assert!(matches!(st.apply(&ConfigOp::Delete { id: "c1".into(), if_match: None }, 6_000), Err(TwinError::ConfigurationNotFound(_))));
+        assert!(matches!(
+            st.apply(&ConfigOp::Delete { id: "c1".into(), if_match: None }, 6_000),
+            Err(TwinError::ConfigurationNotFound(_))
+        ));
     }
 
     #[test]

@@ -33,7 +33,10 @@ pub enum Remembered {
     Bulk(Vec<Option<TwinError>>),
     /// A method job's claim of a device: a retried claim must answer `claimed` again, or the device
     /// would never be called.
-    Claim { claimed: bool, running: bool },
+    Claim {
+        claimed: bool,
+        running: bool,
+    },
     /// A configuration command: answered with the record as it is now.
     Configuration(String),
     /// A `/certificates` command: answered with the record as it is now.

@@ -57,10 +57,8 @@ impl Node {
 
     /// A section built from an object (a replace): the section itself is stamped too.
     pub fn section_from_map(m: &Map<String, Value>, at: i64, version: i64) -> Node {
-        let members = m
-            .iter()
-            .filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n)))
-            .collect();
+        let members =
+            m.iter().filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n))).collect();
         Node { value: NodeValue::Object(members), updated: at, updated_version: version }
     }
 
@@ -262,7 +260,10 @@ mod tests {
 
     #[test]
     fn replace_diff_nulls_removed_keys() {
-        let d = replace_diff(&obj(json!({"a": 1, "b": 2, "o": {"x": 1, "y": 2}})), &obj(json!({"a": 1, "c": 100, "o": {"x": 1}})));
+        let d = replace_diff(
+            &obj(json!({"a": 1, "b": 2, "o": {"x": 1, "y": 2}})),
+            &obj(json!({"a": 1, "c": 100, "o": {"x": 1}})),
+        );
         assert_eq!(Value::Object(d), json!({"a": 1, "c": 100, "o": {"x": 1, "y": null}, "b": null}));
     }
 }

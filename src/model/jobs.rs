@@ -47,9 +47,16 @@ impl JobStatus {
     }
 
     pub fn parse(s: &str) -> Option<JobStatus> {
-        [JobStatus::Queued, JobStatus::Scheduled, JobStatus::Running, JobStatus::Completed, JobStatus::Failed, JobStatus::Cancelled]
-            .into_iter()
-            .find(|j| j.as_str().eq_ignore_ascii_case(s))
+        [
+            JobStatus::Queued,
+            JobStatus::Scheduled,
+            JobStatus::Running,
+            JobStatus::Completed,
+            JobStatus::Failed,
+            JobStatus::Cancelled,
+        ]
+        .into_iter()
+        .find(|j| j.as_str().eq_ignore_ascii_case(s))
     }
 
     pub fn is_final(self) -> bool {
@@ -113,15 +120,37 @@ pub struct JobCursor {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JobOp {
     Create(JobSpec),
-    Start { job_id: String, at_ms: i64 },
-    Progress { job_id: String, stats: JobStats },
-    Finish { job_id: String, status: JobStatus, at_ms: i64, stats: JobStats, reason: Option<String> },
-    Cancel { job_id: String, at_ms: i64 },
+    Start {
+        job_id: String,
+        at_ms: i64,
+    },
+    Progress {
+        job_id: String,
+        stats: JobStats,
+    },
+    Finish {
+        job_id: String,
+        status: JobStatus,
+        at_ms: i64,
+        stats: JobStats,
+        reason: Option<String>,
+    },
+    Cancel {
+        job_id: String,
+        at_ms: i64,
+    },
     /// The runner's progress: counters (which only grow) and, once some prefix of the device order
     /// is done, the cursor after it (which only moves forward).
-    Checkpoint { job_id: String, stats: JobStats, cursor: Option<JobCursor> },
+    Checkpoint {
+        job_id: String,
+        stats: JobStats,
+        cursor: Option<JobCursor>,
+    },
     /// A `scheduleDeviceMethod` job (its `spec` carries no patch).
-    CreateMethod { spec: JobSpec, method: super::method::MethodRequest },
+    CreateMethod {
+        spec: JobSpec,
+        method: super::method::MethodRequest,
+    },
 }
 
 impl JobOp {
@@ -330,7 +359,8 @@ mod tests {
         let mut s = JobsState::default();
         s.apply(&JobOp::Create(spec("j"))).unwrap();
         let at = |shard: u32, d: &str| Some(JobCursor { shard, device_id: d.into() });
-        let st = |succeeded: u64| JobStats { device_count: 10, succeeded, pending: 10 - succeeded, ..Default::default() };
+        let st =
+            |succeeded: u64| JobStats { device_count: 10, succeeded, pending: 10 - succeeded, ..Default::default() };
         s.apply(&JobOp::Checkpoint { job_id: "j".into(), stats: st(4), cursor: at(1, "d4") }).unwrap();
         // A stale runner's late checkpoint moves nothing back.
         let v = s.apply(&JobOp::Checkpoint { job_id: "j".into(), stats: st(2), cursor: at(0, "d9") }).unwrap();
@@ -349,9 +379,20 @@ mod tests {
         let mut other = spec("j");
         other.query_condition = "tags.a = 2".into();
         assert!(matches!(s.apply(&JobOp::Create(other)), Err(TwinError::PreconditionFailed(_))));
-        assert_eq!(s.apply(&JobOp::Start { job_id: "j".into(), at_ms: 1_700_000_000_500 }).unwrap()["status"], "running");
+        assert_eq!(
+            s.apply(&JobOp::Start { job_id: "j".into(), at_ms: 1_700_000_000_500 }).unwrap()["status"],
+            "running"
+        );
         let stats = JobStats { device_count: 2, succeeded: 2, ..Default::default() };
-        let done = s.apply(&JobOp::Finish { job_id: "j".into(), status: JobStatus::Completed, at_ms: 1_700_000_001_000, stats, reason: None }).unwrap();
+        let done = s
+            .apply(&JobOp::Finish {
+                job_id: "j".into(),
+                status: JobStatus::Completed,
+                at_ms: 1_700_000_001_000,
+                stats,
+                reason: None,
+            })
+            .unwrap();
         assert_eq!(done["status"], "completed");
         assert_eq!(done["deviceJobStatistics"]["succeededCount"], 2);
         assert_eq!(done["endTime"], "2023-11-14T22:13:21.000Z");

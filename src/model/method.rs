@@ -40,15 +40,18 @@ pub fn parse(doc: &Value) -> Result<MethodRequest, String> {
         return Err("the method call must be a JSON object".into());
     };
     let name = match obj.get("methodName") {
-        Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= MAX_NAME_LEN && !s.chars().any(char::is_control) => s.clone(),
+        Some(Value::String(s))
+            if !s.is_empty() && s.chars().count() <= MAX_NAME_LEN && !s.chars().any(char::is_control) =>
+        {
+            s.clone()
+        }
         Some(Value::String(_)) => {
             return Err(format!("methodName must be 1 to {MAX_NAME_LEN} characters without control characters"))
         }
         Some(_) => return Err("methodName must be a string".into()),
         None => return Err("methodName is required".into()),
     };
-    let payload_json = serde_json::to_string(obj.get("payload").unwrap_or(&Value::Null))
-        .map_err(|e| e.to_string())?;
+    let payload_json = serde_json::to_string(obj.get("payload").unwrap_or(&Value::Null)).map_err(|e| e.to_string())?;
     if payload_json.len() > MAX_PAYLOAD {
         return Err(format!("the method payload is larger than {MAX_PAYLOAD} bytes"));
     }
@@ -80,8 +83,12 @@ mod tests {
         assert_eq!(ok.name, "reboot");
         assert_eq!(ok.payload_json, r#"{"delay":5}"#);
         assert_eq!((ok.response_timeout_secs, ok.connect_timeout_secs), (30, 0));
-        let none = parse(&json!({"methodName": "m", "responseTimeoutInSeconds": 5, "connectTimeoutInSeconds": 300})).unwrap();
-        assert_eq!((none.payload_json.as_str(), none.response_timeout_secs, none.connect_timeout_secs), ("null", 5, 300));
+        let none =
+            parse(&json!({"methodName": "m", "responseTimeoutInSeconds": 5, "connectTimeoutInSeconds": 300})).unwrap();
+        assert_eq!(
+            (none.payload_json.as_str(), none.response_timeout_secs, none.connect_timeout_secs),
+            ("null", 5, 300)
+        );
         for (bad, says) in [
             (json!([]), "object"),
             (json!({}), "methodName is required"),

@@ -8,6 +8,7 @@
 mod apply;
 pub mod backup;
 pub mod bulk;
+pub mod certificates;
 pub mod command;
 pub mod config;
 mod dedupe;
@@ -15,7 +16,6 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
-pub mod certificates;
 pub mod method;
 mod registry;
 pub mod time;
@@ -241,18 +241,15 @@ impl ShardState {
     /// Device documents in device-id order, starting after `after` (for paging).
     pub fn devices(&self, after: Option<&str>, limit: usize) -> Vec<Value> {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        self.devices
-            .range::<str, _>((start, Bound::Unbounded))
-            .take(limit)
-            .map(|(id, d)| d.render(id))
-            .collect()
+        self.devices.range::<str, _>((start, Bound::Unbounded)).take(limit).map(|(id, d)| d.render(id)).collect()
     }
 
     pub fn module(&self, device_id: &str, module_id: &str) -> Result<Value, TwinError> {
         let dev = self.device_entry(device_id)?;
-        dev.modules.get(module_id).map(|m| m.render(device_id, module_id)).ok_or_else(|| {
-            TwinError::ModuleNotFound { device: device_id.to_string(), module: module_id.to_string() }
-        })
+        dev.modules
+            .get(module_id)
+            .map(|m| m.render(device_id, module_id))
+            .ok_or_else(|| TwinError::ModuleNotFound { device: device_id.to_string(), module: module_id.to_string() })
     }
 
     fn device_entry(&self, device_id: &str) -> Result<&DeviceEntry, TwinError> {
@@ -306,10 +303,10 @@ impl ShardState {
         match &id.module_id {
             None => Ok(dev.render_twin(&id.device_id, None)),
             Some(mid) => {
-                let m = dev.modules.get(mid).ok_or_else(|| TwinError::ModuleNotFound {
-                    device: id.device_id.clone(),
-                    module: mid.clone(),
-                })?;
+                let m = dev
+                    .modules
+                    .get(mid)
+                    .ok_or_else(|| TwinError::ModuleNotFound { device: id.device_id.clone(), module: mid.clone() })?;
                 Ok(dev.render_twin(&id.device_id, Some((mid, m))))
             }
         }

@@ -148,9 +148,18 @@ fn device_document_has_every_field() {
     let f = Fixture::with_device("d1");
     let d = f.state.device("d1").unwrap_or_default();
     for key in [
-        "deviceId", "generationId", "etag", "connectionState", "status", "statusReason",
-        "connectionStateUpdatedTime", "statusUpdatedTime", "lastActivityTime", "cloudToDeviceMessageCount",
-        "authentication", "capabilities",
+        "deviceId",
+        "generationId",
+        "etag",
+        "connectionState",
+        "status",
+        "statusReason",
+        "connectionStateUpdatedTime",
+        "statusUpdatedTime",
+        "lastActivityTime",
+        "cloudToDeviceMessageCount",
+        "authentication",
+        "capabilities",
     ] {
         assert!(d.get(key).is_some(), "missing {key}");
     }
@@ -167,7 +176,10 @@ fn device_document_has_every_field() {
 fn patch_merges_recursively_and_null_removes() {
     let mut f = Fixture::with_device("d1");
     f.patch(&dev(), json!({"tags": {"a": {"b": 1, "c": 2}}, "properties": {"desired": {"x": {"y": 1, "z": 2}}}}));
-    f.patch(&dev(), json!({"tags": {"a": {"b": null, "d": 3}}, "properties": {"desired": {"x": {"y": null}, "w": true}}}));
+    f.patch(
+        &dev(),
+        json!({"tags": {"a": {"b": null, "d": 3}}, "properties": {"desired": {"x": {"y": null}, "w": true}}}),
+    );
     let t = f.twin(&dev());
     assert_eq!(t["tags"], json!({"a": {"c": 2, "d": 3}}));
     assert_eq!(t["properties"]["desired"]["x"], json!({"z": 2}));
@@ -387,16 +399,25 @@ fn if_match_rules() {
     let mut f = Fixture::with_device("d1");
     let etag = f.state.twin_etag(&dev()).unwrap_or_default();
     let body = json!({"tags": {"a": 1}}).to_string();
-    let ok = f.apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Etag(etag.clone())) });
+    let ok =
+        f.apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Etag(etag.clone())) });
     assert!(ok.result.is_ok());
     // The etag moved: the old one is stale now.
-    let e = f.must_reject(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Etag(etag.clone())) });
+    let e = f.must_reject(Op::UpdateTwin {
+        id: dev(),
+        patch_json: body.clone(),
+        if_match: Some(IfMatch::Etag(etag.clone())),
+    });
     assert!(matches!(e, TwinError::PreconditionFailed(_)));
     let e = f.must_reject(Op::ReplaceTwin { id: dev(), twin_json: body.clone(), if_match: Some(IfMatch::Etag(etag)) });
     assert!(matches!(e, TwinError::PreconditionFailed(_)));
-    assert!(f.apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Any) }).result.is_ok());
+    assert!(f
+        .apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Any) })
+        .result
+        .is_ok());
     // `*` on a missing twin is still "not found".
-    let e = f.must_reject(Op::UpdateTwin { id: TwinId::device("nope"), patch_json: body, if_match: Some(IfMatch::Any) });
+    let e =
+        f.must_reject(Op::UpdateTwin { id: TwinId::device("nope"), patch_json: body, if_match: Some(IfMatch::Any) });
     assert_eq!(e, TwinError::DeviceNotFound("nope".into()));
 }
 
@@ -407,10 +428,12 @@ fn put_device_create_update_and_conflicts() {
     assert_eq!(e, TwinError::DeviceAlreadyExists("d1".into()));
     let e = f.must_reject(Op::PutDevice { device: device_spec("d2"), if_match: Some(IfMatch::Any) });
     assert_eq!(e, TwinError::DeviceNotFound("d2".into()));
-    let e = f.must_reject(Op::PutDevice { device: device_spec("d1"), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
+    let e = f
+        .must_reject(Op::PutDevice { device: device_spec("d1"), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
     assert!(matches!(e, TwinError::PreconditionFailed(_)));
     assert!(f.apply(Op::PutDevice { device: device_spec("d1"), if_match: Some(IfMatch::Any) }).result.is_ok());
-    let e = f.must_reject(Op::DeleteDevice { device_id: "d1".into(), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
+    let e = f
+        .must_reject(Op::DeleteDevice { device_id: "d1".into(), if_match: Some(IfMatch::Etag("AAAAAAAAAAA=".into())) });
     assert!(matches!(e, TwinError::PreconditionFailed(_)));
     let e = f.must_reject(Op::PutDevice { device: device_spec("bad id"), if_match: None });
     assert!(invalid_msg(e).contains("device id"));
@@ -486,7 +509,8 @@ fn listing_pages_in_id_order() {
     for id in ["c", "a", "b"] {
         f.must(Op::PutDevice { device: device_spec(id), if_match: None });
     }
-    let ids = |v: Vec<Value>| v.iter().map(|d| d["deviceId"].as_str().unwrap_or_default().to_string()).collect::<Vec<_>>();
+    let ids =
+        |v: Vec<Value>| v.iter().map(|d| d["deviceId"].as_str().unwrap_or_default().to_string()).collect::<Vec<_>>();
     assert_eq!(ids(f.state.devices(None, 10)), ["a", "b", "c"]);
     assert_eq!(ids(f.state.devices(Some("a"), 1)), ["b"]);
 }
@@ -505,7 +529,11 @@ fn duplicate_request_id_answers_first_outcome_without_reapplying() {
     assert!(again.events.is_empty());
     assert_eq!(f.twin(&dev())["properties"]["reported"]["$version"], json!(2));
 
-    let c = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"a": 1}}}).to_string(), if_match: None });
+    let c = f.cmd(Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"properties": {"desired": {"a": 1}}}).to_string(),
+        if_match: None,
+    });
     let first = f.state.apply(&c);
     let again = f.state.apply(&c);
     assert_eq!(again.result, first.result);
@@ -523,9 +551,17 @@ fn duplicate_request_id_answers_first_outcome_without_reapplying() {
 #[test]
 fn retried_twin_write_answers_its_own_document_after_later_writes() {
     let mut f = Fixture::with_device("d1");
-    let first_cmd = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"w": 1}}}).to_string(), if_match: None });
+    let first_cmd = f.cmd(Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"properties": {"desired": {"w": 1}}}).to_string(),
+        if_match: None,
+    });
     let first = f.state.apply(&first_cmd);
-    let later = f.cmd(Op::UpdateTwin { id: dev(), patch_json: json!({"properties": {"desired": {"w": 2}}}).to_string(), if_match: None });
+    let later = f.cmd(Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"properties": {"desired": {"w": 2}}}).to_string(),
+        if_match: None,
+    });
     let later = f.state.apply(&later);
     let retry = f.state.apply(&first_cmd);
     assert_eq!(retry.result, first.result, "the retry answers the first attempt's document");
@@ -564,7 +600,11 @@ fn update_emits_twin_changed_and_desired_patch() {
     }
     assert_eq!(
         a.events[1],
-        Event::DesiredPatch { id: dev(), patch: json!({"interval": 5, "gone": null, "$version": 2}), desired_version: 2 }
+        Event::DesiredPatch {
+            id: dev(),
+            patch: json!({"interval": 5, "gone": null, "$version": 2}),
+            desired_version: 2
+        }
     );
 }
 
@@ -588,7 +628,9 @@ fn reported_change_event_carries_nulls() {
 fn lifecycle_and_connection_events() {
     let mut f = Fixture::new();
     let a = f.must(Op::PutDevice { device: device_spec("d1"), if_match: None });
-    assert!(matches!(&a.events[..], [Event::Lifecycle { op_type, body, .. }] if op_type == "createDeviceIdentity" && body["deviceId"] == "d1"));
+    assert!(
+        matches!(&a.events[..], [Event::Lifecycle { op_type, body, .. }] if op_type == "createDeviceIdentity" && body["deviceId"] == "d1")
+    );
     let a = f.must(Op::SetConnectionState { id: dev(), connected: true });
     assert_eq!(a.events, vec![Event::Connection { id: dev(), connected: true }]);
     let d = f.state.device("d1").unwrap_or_default();
@@ -722,7 +764,7 @@ fn merged_size_is_checked_in_apply() {
     members.remove("$version");
     let used = doc_size(&Value::Object(members));
     let room = MAX_REPORTED_SIZE - used - 1; // minus the comma
-    // `"zz":"…"` costs 7 + len.
+                                             // `"zz":"…"` costs 7 + len.
     assert!(g.report(&dev(), json!({"zz": "y".repeat(room - 7)})).result.is_ok());
     let before = g.state.clone();
     let a = g.report(&dev(), json!({"z2": ""}));
@@ -746,7 +788,10 @@ fn replace_size_limit() {
 #[test]
 fn ids_are_validated() {
     assert_eq!(validate_id("device", &"a".repeat(128)), Ok(()));
-    assert!(invalid_msg(validate_id("device", &"a".repeat(129)).err().unwrap_or(TwinError::InvalidArgument(String::new()))).contains("device"));
+    assert!(invalid_msg(
+        validate_id("device", &"a".repeat(129)).err().unwrap_or(TwinError::InvalidArgument(String::new()))
+    )
+    .contains("device"));
     assert_eq!(validate_id("module", "a-:.+%_#*?!(),=@;$'Z9"), Ok(()));
     for bad in ["", "a/b", "a b", "é", "a&b"] {
         let e = validate_id("module", bad);
@@ -771,10 +816,18 @@ fn snapshot_round_trips_exactly() {
     let mut back = back.unwrap_or_default();
     assert_eq!(back.twin(&dev()), f.state.twin(&dev()));
     // The dedupe window survived: replaying the last command is still a duplicate.
-    let c = Command { request_id: RequestId(f.next_req), timestamp_ms: f.clock, op: Op::PutDevice { device: device_spec("d1"), if_match: None } };
+    let c = Command {
+        request_id: RequestId(f.next_req),
+        timestamp_ms: f.clock,
+        op: Op::PutDevice { device: device_spec("d1"), if_match: None },
+    };
     assert!(matches!(back.apply(&c).result, Err(TwinError::DeviceAlreadyExists(_))));
     // And the etag counter continues.
-    let a = back.apply(&Command { request_id: RequestId(999_999), timestamp_ms: f.clock + 1, op: Op::UpdateTwin { id: dev(), patch_json: "{\"tags\":{}}".into(), if_match: None } });
+    let a = back.apply(&Command {
+        request_id: RequestId(999_999),
+        timestamp_ms: f.clock + 1,
+        op: Op::UpdateTwin { id: dev(), patch_json: "{\"tags\":{}}".into(), if_match: None },
+    });
     assert!(a.result.is_ok());
     assert!(back.etag_seq > f.state.etag_seq);
     assert!(ShardState::decode_snapshot(b"garbage").is_err());
@@ -792,7 +845,11 @@ fn a_retried_if_match_write_is_not_judged_stale_by_its_own_apply() {
     let newer = super::etag::etag_text(u64::MAX - 1);
     assert!(!f.state.etag_certainly_stale(&dev(), &newer), "an etag this replica has not seen may be current");
     assert!(f.state.etag_certainly_stale(&dev(), "garbage"), "no etag of ours can never match");
-    let op = Op::UpdateTwin { id: dev(), patch_json: json!({"tags": {"a": 1}}).to_string(), if_match: Some(IfMatch::Etag(etag.clone())) };
+    let op = Op::UpdateTwin {
+        id: dev(),
+        patch_json: json!({"tags": {"a": 1}}).to_string(),
+        if_match: Some(IfMatch::Etag(etag.clone())),
+    };
     let cmd = f.cmd(op);
     let first = f.state.apply(&cmd);
     assert!(first.result.is_ok());
@@ -817,10 +874,18 @@ fn method_job_claims_call_each_device_at_most_once() {
     let first = f.cmd(claim("d1"));
     assert_eq!(f.state.apply(&first).result, Ok(Reply::Claim { claimed: true, running: false }));
     assert_eq!(f.state.apply(&first).result, Ok(Reply::Claim { claimed: true, running: false }), "a retried claim");
-    assert_eq!(f.must(claim("d1")).result, Ok(Reply::Claim { claimed: false, running: true }), "another runner's claim");
+    assert_eq!(
+        f.must(claim("d1")).result,
+        Ok(Reply::Claim { claimed: false, running: true }),
+        "another runner's claim"
+    );
     assert_eq!(f.state.device_jobs["j"]["d1"].render("j", "d1")["status"], "running");
 
-    let answer = |outcome: Result<(i64, String), String>| Op::JobMethodResult { job_id: "j".into(), device_id: "d1".into(), outcome };
+    let answer = |outcome: Result<(i64, String), String>| Op::JobMethodResult {
+        job_id: "j".into(),
+        device_id: "d1".into(),
+        outcome,
+    };
     f.must(answer(Ok((200, r#"{"ok":true}"#.into()))));
     f.must(answer(Err("late and stale".into())));
     let row = f.state.device_jobs["j"]["d1"].render("j", "d1");

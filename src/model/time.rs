@@ -15,8 +15,7 @@ pub fn format_ms(ms: i64) -> String {
     let days = ms.div_euclid(86_400_000);
     let in_day = ms.rem_euclid(86_400_000);
     let (y, m, d) = civil_from_days(days);
-    let (h, min, s, milli) =
-        (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
+    let (h, min, s, milli) = (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
     format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
 }
 

@@ -80,8 +80,11 @@ pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
     let Value::Object(top) = body else {
         return Err(invalid("the twin body must be a JSON object"));
     };
-    let unknown: Vec<&str> =
-        top.keys().map(String::as_str).filter(|k| !matches!(*k, "tags" | "properties") && !IGNORED_MEMBERS.contains(k)).collect();
+    let unknown: Vec<&str> = top
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !matches!(*k, "tags" | "properties") && !IGNORED_MEMBERS.contains(k))
+        .collect();
     if !unknown.is_empty() {
         return Err(invalid(&format!("unknown twin member(s): {}", unknown.join(", "))));
     }
@@ -99,7 +102,9 @@ pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
                 None | Some(Value::Null) => {}
                 Some(Value::Object(r)) if r.is_empty() => {}
                 Some(_) => {
-                    return Err(invalid("properties.reported cannot be written by the service; only the device updates it"))
+                    return Err(invalid(
+                        "properties.reported cannot be written by the service; only the device updates it",
+                    ))
                 }
             }
             desired = section(props.get("desired"), "properties.desired")?;
@@ -163,10 +168,7 @@ fn check_key(path: &str, key: &str) -> Result<(), TwinError> {
         return Err(invalid(&format!("empty key in {path}")));
     }
     if key.len() > MAX_KEY_BYTES {
-        return Err(invalid(&format!(
-            "key in {path} is {} bytes, over the limit of {MAX_KEY_BYTES} bytes",
-            key.len()
-        )));
+        return Err(invalid(&format!("key in {path} is {} bytes, over the limit of {MAX_KEY_BYTES} bytes", key.len())));
     }
     if let Some(c) = key.chars().find(|c| c.is_control() || matches!(c, '.' | '$' | ' ')) {
         return Err(invalid(&format!(
@@ -182,10 +184,9 @@ fn check_value(v: &Value, path: &str, level: usize) -> Result<(), TwinError> {
     match v {
         Value::Null | Value::Bool(_) => Ok(()),
         Value::Number(n) => check_number(n, path),
-        Value::String(s) if s.len() > MAX_STRING_BYTES => Err(invalid(&format!(
-            "string at {path} is {} bytes, over the limit of {MAX_STRING_BYTES} bytes",
-            s.len()
-        ))),
+        Value::String(s) if s.len() > MAX_STRING_BYTES => {
+            Err(invalid(&format!("string at {path} is {} bytes, over the limit of {MAX_STRING_BYTES} bytes", s.len())))
+        }
         Value::String(_) => Ok(()),
         Value::Object(m) => {
             check_level(path, level)?;
@@ -215,9 +216,7 @@ fn check_number(n: &Number, path: &str) -> Result<(), TwinError> {
     }
     match text.parse::<i128>() {
         Ok(i) if (MIN_INTEGER..=MAX_INTEGER).contains(&i) => Ok(()),
-        _ => Err(invalid(&format!(
-            "integer at {path} is outside the allowed range [{MIN_INTEGER}, {MAX_INTEGER}]"
-        ))),
+        _ => Err(invalid(&format!("integer at {path} is outside the allowed range [{MIN_INTEGER}, {MAX_INTEGER}]"))),
     }
 }
 

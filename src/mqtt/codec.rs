@@ -12,8 +12,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use rumqttd::protocol::{
     self, v4::V4, v5::V5, ConnAck, ConnAckProperties, ConnectReturnCode, Disconnect, DisconnectProperties,
-    DisconnectReasonCode, Packet, PingResp, Protocol, PubAck, PubAckReason, Publish, QoS, SubAck,
-    SubscribeReasonCode, UnsubAck, UnsubAckReason,
+    DisconnectReasonCode, Packet, PingResp, Protocol, PubAck, PubAckReason, Publish, QoS, SubAck, SubscribeReasonCode,
+    UnsubAck, UnsubAckReason,
 };
 
 use super::error::ConnAckCode;
@@ -87,14 +87,27 @@ pub struct Codec {
 /// Everything the server sends.
 #[derive(Clone, Debug)]
 pub enum Out {
-    ConnAck { session_present: bool, code: ConnAckCode, properties: Option<ConnAckProperties> },
+    ConnAck {
+        session_present: bool,
+        code: ConnAckCode,
+        properties: Option<ConnAckProperties>,
+    },
     Publish(Publish),
     PubAck(u16),
-    SubAck { pkid: u16, granted: Vec<Option<u8>> },
-    UnsubAck { pkid: u16, existed: Vec<bool> },
+    SubAck {
+        pkid: u16,
+        granted: Vec<Option<u8>>,
+    },
+    UnsubAck {
+        pkid: u16,
+        existed: Vec<bool>,
+    },
     PingResp,
     /// Sent on MQTT 5 only; MQTT 3.1.1 has no server DISCONNECT.
-    Disconnect { reason: DisconnectReasonCode, text: String },
+    Disconnect {
+        reason: DisconnectReasonCode,
+        text: String,
+    },
 }
 
 /// QoS, DUP and packet id of a PUBLISH.
@@ -157,7 +170,10 @@ impl Codec {
         // them. Server-to-client packets are never valid from a client, so they are refused before the
         // codec sees them, whatever the version.
         if let 2 | 9 | 11 | 13 = buf[0] >> 4 {
-            return Err(DecodeError::Malformed(format!("server-to-client packet type {} sent by a client", buf[0] >> 4)));
+            return Err(DecodeError::Malformed(format!(
+                "server-to-client packet type {} sent by a client",
+                buf[0] >> 4
+            )));
         }
         let before = buf.len();
         // Last line of defence: a panic in the third-party decoder on hostile input becomes a malformed
@@ -271,7 +287,10 @@ mod tests {
 
     fn connect_bytes(version: Version) -> Vec<u8> {
         let connect = Connect { keep_alive: 60, client_id: "dev1".into(), clean_session: false };
-        let login = Some(Login { username: "localhost/dev1/?api-version=2021-04-12".into(), password: "SharedAccessSignature sr=x&sig=y&se=1".into() });
+        let login = Some(Login {
+            username: "localhost/dev1/?api-version=2021-04-12".into(),
+            password: "SharedAccessSignature sr=x&sig=y&se=1".into(),
+        });
         let mut b = BytesMut::new();
         match version {
             Version::V4 => V4.write(Packet::Connect(connect, None, None, None, login), &mut b).unwrap(),
@@ -296,7 +315,8 @@ mod tests {
     /// A client's view of a stream: CONNECT, a QoS 1 PUBLISH, SUBSCRIBE, PINGREQ, DISCONNECT.
     fn session_bytes(version: Version) -> Vec<u8> {
         let mut b = BytesMut::from(&connect_bytes(version)[..]);
-        let publish = outgoing_publish("$iothub/twin/PATCH/properties/reported/?$rid=1", Bytes::from_static(b"{\"a\":1}"), 1, 7);
+        let publish =
+            outgoing_publish("$iothub/twin/PATCH/properties/reported/?$rid=1", Bytes::from_static(b"{\"a\":1}"), 1, 7);
         let sub = Subscribe {
             pkid: 8,
             filters: vec![Filter {
@@ -379,24 +399,35 @@ mod tests {
             let codec = Codec::new(version);
             let mut buf = BytesMut::new();
             for code in [ConnAckCode::Accepted, ConnAckCode::NotAuthorized, ConnAckCode::UnsupportedProtocol] {
-                assert!(codec.encode(Out::ConnAck { session_present: true, code, properties: Some(ConnAckProperties::default()) }, &mut buf));
+                assert!(codec.encode(
+                    Out::ConnAck { session_present: true, code, properties: Some(ConnAckProperties::default()) },
+                    &mut buf
+                ));
             }
             assert!(codec.encode(Out::SubAck { pkid: 1, granted: vec![Some(0), Some(1), None] }, &mut buf));
             assert!(codec.encode(Out::UnsubAck { pkid: 2, existed: vec![true, false] }, &mut buf));
             assert!(codec.encode(Out::PubAck(3), &mut buf));
             assert!(codec.encode(Out::PingResp, &mut buf));
-            let p = outgoing_publish("$iothub/twin/PATCH/properties/desired/?$version=2", Bytes::from_static(b"{}"), 1, 9);
+            let p =
+                outgoing_publish("$iothub/twin/PATCH/properties/desired/?$version=2", Bytes::from_static(b"{}"), 1, 9);
             assert!(codec.encode(Out::Publish(p), &mut buf));
-            let sent = codec.encode(Out::Disconnect { reason: DisconnectReasonCode::SessionTakenOver, text: "x".into() }, &mut buf);
+            let sent = codec
+                .encode(Out::Disconnect { reason: DisconnectReasonCode::SessionTakenOver, text: "x".into() }, &mut buf);
             assert_eq!(sent, version == Version::V5);
             assert_eq!(&buf[..4], if version == Version::V4 { &[0x20, 2, 1, 0][..] } else { &[0x20, 3, 1, 0][..] });
         }
         // The v4 CONNACK codes on the wire.
         let mut buf = BytesMut::new();
-        Codec::new(Version::V4).encode(Out::ConnAck { session_present: false, code: ConnAckCode::NotAuthorized, properties: None }, &mut buf);
+        Codec::new(Version::V4).encode(
+            Out::ConnAck { session_present: false, code: ConnAckCode::NotAuthorized, properties: None },
+            &mut buf,
+        );
         assert_eq!(&buf[..], &[0x20, 2, 0, 5]);
         let mut buf = BytesMut::new();
-        Codec::new(Version::V5).encode(Out::ConnAck { session_present: false, code: ConnAckCode::BadCredentials, properties: None }, &mut buf);
+        Codec::new(Version::V5).encode(
+            Out::ConnAck { session_present: false, code: ConnAckCode::BadCredentials, properties: None },
+            &mut buf,
+        );
         assert_eq!(&buf[..], &[0x20, 3, 0, 0x86, 0]);
     }
 

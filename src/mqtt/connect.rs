@@ -89,9 +89,7 @@ impl Mqtt {
             let u = parse_username(u).map_err(Refusal::BadCredentials)?;
             if let Some(named) = &u.identity {
                 if *named != id {
-                    return Err(Refusal::BadCredentials(format!(
-                        "user name names {named}, client id is {id}"
-                    )));
+                    return Err(Refusal::BadCredentials(format!("user name names {named}, client id is {id}")));
                 }
             }
             tracing::debug!(
@@ -119,7 +117,9 @@ impl Mqtt {
         // Refused before the signature is checked: an X.509 identity usually has no key to check against,
         // and "not authorized" is what it gets whatever the token says.
         if !accepts_sas(&auth_type) {
-            return Err(Refusal::NotAuthorized(format!("{id} authenticates with '{auth_type}' (X.509), not with SAS tokens")));
+            return Err(Refusal::NotAuthorized(format!(
+                "{id} authenticates with '{auth_type}' (X.509), not with SAS tokens"
+            )));
         }
         let host = self.sas_host(&token);
         verify_device_token(&token, host, &id.device_id, id.module_id.as_deref(), &creds, now_ms() / 1000).map_err(
@@ -134,14 +134,20 @@ impl Mqtt {
     /// A CONNECT with a client certificate and no password: the identity must be registered for X.509
     /// and the certificate must stand for it (see `auth::x509`), checked now, so an expired certificate
     /// or a CA no longer verified stops working on the next connect.
-    async fn authenticate_x509(&self, id: TwinId, certs: &[rustls::pki_types::CertificateDer<'static>]) -> Result<TwinId, Refusal> {
+    async fn authenticate_x509(
+        &self,
+        id: TwinId,
+        certs: &[rustls::pki_types::CertificateDer<'static>],
+    ) -> Result<TwinId, Refusal> {
         let (creds, doc) =
             tokio::try_join!(self.twins.credentials(&id), self.identity_doc(&id)).map_err(Refusal::Unavailable)?;
         let not_registered = || Refusal::BadCredentials(format!("{id} is not registered"));
         let (creds, doc) = (creds.ok_or_else(not_registered)?, doc.ok_or_else(not_registered)?);
         let auth_type = auth_type_of(&doc);
         if accepts_sas(&auth_type) {
-            return Err(Refusal::NotAuthorized(format!("{id} authenticates with SAS tokens, not with a client certificate")));
+            return Err(Refusal::NotAuthorized(format!(
+                "{id} authenticates with SAS tokens, not with a client certificate"
+            )));
         }
         if !creds.enabled {
             return Err(Refusal::NotAuthorized(format!("{id} is disabled")));
@@ -151,16 +157,28 @@ impl Mqtt {
         let refused = |e: x509::X509Error| Refusal::NotAuthorized(format!("{id}: {e}"));
         match auth_type.as_str() {
             "selfSigned" => {
-                let thumb = |which: &str| doc.pointer(&format!("/authentication/x509Thumbprint/{which}")).and_then(Value::as_str);
-                x509::matches_thumbprint(leaf, &[thumb("primaryThumbprint"), thumb("secondaryThumbprint")]).map_err(refused)?;
+                let thumb = |which: &str| {
+                    doc.pointer(&format!("/authentication/x509Thumbprint/{which}")).and_then(Value::as_str)
+                };
+                x509::matches_thumbprint(leaf, &[thumb("primaryThumbprint"), thumb("secondaryThumbprint")])
+                    .map_err(refused)?;
                 x509::check_validity(leaf, now).map_err(refused)?;
             }
             "certificateAuthority" => {
                 x509::check_common_name(leaf, &x509::expected_common_name(&id)).map_err(refused)?;
-                let anchors = self.twins.shards.read_meta(|s| s.certificates.verified_anchors()).await.map_err(Refusal::Unavailable)?;
+                let anchors = self
+                    .twins
+                    .shards
+                    .read_meta(|s| s.certificates.verified_anchors())
+                    .await
+                    .map_err(Refusal::Unavailable)?;
                 x509::verify_chain(certs, &anchors, now).map_err(refused)?;
             }
-            other => return Err(Refusal::NotAuthorized(format!("{id} has authentication type '{other}', which no certificate satisfies"))),
+            other => {
+                return Err(Refusal::NotAuthorized(format!(
+                    "{id} has authentication type '{other}', which no certificate satisfies"
+                )))
+            }
         }
         Ok(id)
     }

@@ -39,8 +39,8 @@ use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIR
 use super::topics::{self, Inbound, TwinRequest};
 use super::Mqtt;
 use crate::ids::TwinId;
-use crate::net::ConnPermit;
 use crate::model::{now_ms, validate_reported_patch, Applied, Command, Op, Reply};
+use crate::net::ConnPermit;
 use crate::notify::{DesiredPush, DesiredPushes};
 
 /// Entry point for an accepted transport (TLS already done). `permit` is the connection's slot in the
@@ -53,8 +53,7 @@ pub async fn run<S>(
     permit: ConnPermit,
     certs: Vec<rustls::pki_types::CertificateDer<'static>>,
     stop: CancellationToken,
-)
-where
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut rd, mut wr) = tokio::io::split(stream);
@@ -186,7 +185,14 @@ impl Done {
         Done { kind: None, status: 0, response: None, puback: Some(pkid), write: false, started: Instant::now() }
     }
 
-    fn answer(kind: TwinRequest, status: u16, topic: String, body: Vec<u8>, puback: Option<u16>, started: Instant) -> Done {
+    fn answer(
+        kind: TwinRequest,
+        status: u16,
+        topic: String,
+        body: Vec<u8>,
+        puback: Option<u16>,
+        started: Instant,
+    ) -> Done {
         let response = codec::outgoing_publish(&topic, Bytes::from(body), 0, 0);
         Done { kind: Some(kind), status, response: Some(response), puback, write: false, started }
     }
@@ -240,8 +246,15 @@ struct Connection {
 
 impl Connection {
     /// After authentication: session, CONNACK, the loop, and the orderly end.
-    async fn start<R, W>(mqtt: Arc<Mqtt>, codec: Codec, hello: Authenticated, mut rd: R, mut wr: W, mut buf: BytesMut, stop: CancellationToken)
-    where
+    async fn start<R, W>(
+        mqtt: Arc<Mqtt>,
+        codec: Codec,
+        hello: Authenticated,
+        mut rd: R,
+        mut wr: W,
+        mut buf: BytesMut,
+        stop: CancellationToken,
+    ) where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
@@ -252,7 +265,8 @@ impl Connection {
             (false, true) => (Duration::ZERO, false),
             (false, false) => (MAX_SESSION_EXPIRY, false),
             (true, _) => {
-                let asked = Duration::from_secs(props.as_ref().and_then(|p| p.session_expiry_interval).unwrap_or(0).into());
+                let asked =
+                    Duration::from_secs(props.as_ref().and_then(|p| p.session_expiry_interval).unwrap_or(0).into());
                 (asked.min(MAX_SESSION_EXPIRY), asked > MAX_SESSION_EXPIRY)
             }
         };
@@ -262,7 +276,8 @@ impl Connection {
         // Register for pushes before CONNACK: nothing committed after the device is told it is
         // connected can be missed.
         let mut pushes = mqtt.hub.desired_pushes(&id);
-        let attached = mqtt.sessions.attach(&connect.client_id, SessionRequest { clean_start: connect.clean_session, expiry });
+        let attached =
+            mqtt.sessions.attach(&connect.client_id, SessionRequest { clean_start: connect.clean_session, expiry });
         let persistent = !expiry.is_zero();
         let present = match persistent {
             true => restore_stored_session(&mqtt, &id, &attached.session).await.unwrap_or(attached.present),
@@ -311,15 +326,15 @@ impl Connection {
         let (mut calls, _methods) = mqtt.methods.attach(&id);
         {
             // Connected is reported in the background: CONNACK does not wait for a Raft commit.
-            let (mqtt, sync, client_id, id) = (mqtt.clone(), attached.state_sync.clone(), connect.client_id.clone(), id.clone());
+            let (mqtt, sync, client_id, id) =
+                (mqtt.clone(), attached.state_sync.clone(), connect.client_id.clone(), id.clone());
             tokio::spawn(async move { sync_connection_state(&mqtt, &sync, &client_id, &id).await }.in_current_span());
         }
 
         let (out, rx) = mpsc::channel(limits.outbound_queue);
         let writer_gone = CancellationToken::new();
-        let writer = tokio::spawn(
-            write_loop(wr, codec.clone(), rx, client_max_packet, writer_gone.clone()).in_current_span(),
-        );
+        let writer =
+            tokio::spawn(write_loop(wr, codec.clone(), rx, client_max_packet, writer_gone.clone()).in_current_span());
         let mut conn = Connection {
             mqtt: mqtt.clone(),
             id,
@@ -479,7 +494,8 @@ impl Connection {
                 self.ops.push_back(Box::pin(std::future::ready(done)));
             }
             Inbound::NoRid { kind, why } => {
-                metrics::counter!("twinhub_mqtt_requests_total", "op" => kind.label(), "status" => "no_rid").increment(1);
+                metrics::counter!("twinhub_mqtt_requests_total", "op" => kind.label(), "status" => "no_rid")
+                    .increment(1);
                 tracing::info!("dropping a twin request that cannot be answered: {why}");
                 self.ack_only(puback);
             }
@@ -552,15 +568,17 @@ impl Connection {
         let id = self.id.clone();
         self.writes_issued += 1;
         self.ops.push_back(Box::pin(async move {
-            let cmd = Command {
-                request_id,
-                timestamp_ms: now_ms(),
-                op: Op::UpdateReported { id: id.clone(), patch_json },
-            };
+            let cmd =
+                Command { request_id, timestamp_ms: now_ms(), op: Op::UpdateReported { id: id.clone(), patch_json } };
             let mut done = match twins.write(&id, cmd).await {
-                Ok(Applied { result: Ok(Reply::Reported { version }), .. }) => {
-                    Done::answer(kind, 204, topics::response_topic(204, &rid, Some(version)), Vec::new(), puback, started)
-                }
+                Ok(Applied { result: Ok(Reply::Reported { version }), .. }) => Done::answer(
+                    kind,
+                    204,
+                    topics::response_topic(204, &rid, Some(version)),
+                    Vec::new(),
+                    puback,
+                    started,
+                ),
                 Ok(Applied { result: Ok(other), .. }) => {
                     let e = RequestError::Internal(format!("unexpected reply to a reported patch: {other:?}"));
                     Done::error(kind, &rid, e, puback, started)
@@ -620,7 +638,11 @@ impl Connection {
     fn store_subscriptions(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let write = self.persistent.then(|| {
             let filters = lock(&self.session).subscriptions().iter().map(|s| (s.filter.clone(), s.qos)).collect();
-            (self.mqtt.clone(), self.id.clone(), Command::new(Op::SetSubscriptions { id: self.id.clone(), filters }, now_ms()))
+            (
+                self.mqtt.clone(),
+                self.id.clone(),
+                Command::new(Op::SetSubscriptions { id: self.id.clone(), filters }, now_ms()),
+            )
         });
         async move {
             let Some((mqtt, id, cmd)) = write else { return };
@@ -808,8 +830,13 @@ async fn sync_connection_state(mqtt: &Mqtt, sync: &StateSync, client_id: &str, i
 }
 
 /// The writer task: encodes queued packets, batching what is already queued into one write.
-async fn write_loop<W>(mut wr: W, codec: Codec, mut rx: mpsc::Receiver<Out>, client_max_packet: usize, gone: CancellationToken)
-where
+async fn write_loop<W>(
+    mut wr: W,
+    codec: Codec,
+    mut rx: mpsc::Receiver<Out>,
+    client_max_packet: usize,
+    gone: CancellationToken,
+) where
     W: AsyncWrite + Unpin,
 {
     let _gone = gone.drop_guard();

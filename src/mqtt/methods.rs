@@ -228,9 +228,13 @@ mod tests {
         assert_eq!(answer_json(b"not json"), "\"not json\"");
     }
 
-
     fn request(timeout: u64) -> MethodRequest {
-        MethodRequest { name: "reboot".into(), payload_json: "null".into(), response_timeout_secs: timeout, connect_timeout_secs: 0 }
+        MethodRequest {
+            name: "reboot".into(),
+            payload_json: "null".into(),
+            response_timeout_secs: timeout,
+            connect_timeout_secs: 0,
+        }
     }
 
     #[tokio::test]

@@ -15,8 +15,8 @@
 pub(crate) mod codec;
 pub(crate) mod connect;
 mod connection;
-pub mod methods;
 pub(crate) mod error;
+pub mod methods;
 pub(crate) mod session;
 pub(crate) mod topics;
 
@@ -89,7 +89,12 @@ impl Limits {
     /// timeout every listener shares, so that a stranger's socket is held for as long on this port as
     /// on the others; `max_keep_alive` is the operator's bound on idle connections.
     pub fn new(handshake_timeout: Duration, max_keep_alive: u16) -> Limits {
-        Limits { tls_handshake: handshake_timeout, connect: handshake_timeout, max_keep_alive: max_keep_alive.max(1), ..Limits::default() }
+        Limits {
+            tls_handshake: handshake_timeout,
+            connect: handshake_timeout,
+            max_keep_alive: max_keep_alive.max(1),
+            ..Limits::default()
+        }
     }
 
     /// The keep-alive a connection gets for the one its CONNECT asked for: 0 ("no keep-alive") and
@@ -129,7 +134,12 @@ impl Mqtt {
 
     /// Accepts connections until `stop`, then closes them all (each reports its identity disconnected)
     /// and returns once they are closed or [`SHUTDOWN_GRACE`] has passed.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>, stop: CancellationToken) {
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<Arc<rustls::ServerConfig>>,
+        stop: CancellationToken,
+    ) {
         let acceptor = tls.map(TlsAcceptor::from);
         let tracker = TaskTracker::new();
         let local = listener.local_addr().ok();
@@ -196,8 +206,13 @@ impl Mqtt {
     /// Serves one device connection over an already-secured byte stream: TLS on the MQTT port, or the
     /// payload of a WebSocket on the HTTPS port. `permit` comes from this endpoint's [`ConnGate`]. Such a
     /// stream carries no client certificate: over WebSockets only SAS identities log in.
-    pub async fn connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, permit: ConnPermit, stop: CancellationToken)
-    where
+    pub async fn connection<S>(
+        self: Arc<Self>,
+        stream: S,
+        peer: SocketAddr,
+        permit: ConnPermit,
+        stop: CancellationToken,
+    ) where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         connection::run(self, stream, peer, permit, Vec::new(), stop).await

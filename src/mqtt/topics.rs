@@ -220,10 +220,15 @@ mod tests {
         let id = dev();
         assert_eq!(classify("$iothub/methods/res/200/?$rid=7", &id), Inbound::MethodResponse { status: 200, rid: "7" });
         assert_eq!(classify("$iothub/methods/res/-1/?$rid=ab", &id), Inbound::MethodResponse { status: -1, rid: "ab" });
-        assert!(matches!(classify("$iothub/methods/res/ok/?$rid=7", &id), Inbound::BadMethodResponse(w) if w.contains("integer")));
+        assert!(
+            matches!(classify("$iothub/methods/res/ok/?$rid=7", &id), Inbound::BadMethodResponse(w) if w.contains("integer"))
+        );
         assert!(matches!(classify("$iothub/methods/res/200", &id), Inbound::BadMethodResponse(_)));
         assert!(matches!(classify("$iothub/methods/res/200/?x=1", &id), Inbound::BadMethodResponse(_)));
-        assert!(matches!(classify("$iothub/methods/POST/x/?$rid=1", &id), Inbound::OutOfScope(_)), "devices do not call methods");
+        assert!(
+            matches!(classify("$iothub/methods/POST/x/?$rid=1", &id), Inbound::OutOfScope(_)),
+            "devices do not call methods"
+        );
         assert_eq!(method_topic("reboot", "5"), "$iothub/methods/POST/reboot/?$rid=5");
         assert_eq!(method_topic("a/b c#+", "5"), "$iothub/methods/POST/a%2Fb%20c%23%2B/?$rid=5");
         assert!(matches("$iothub/methods/POST/#", &method_topic("a/b", "1")));
@@ -283,7 +288,17 @@ mod tests {
 
     #[test]
     fn filter_validity() {
-        for ok in ["#", "+", "$iothub/twin/res/#", "$iothub/twin/PATCH/properties/desired/#", "+/#", "a/+/c", "/", "a//b", "$iothub/+/res/+/#"] {
+        for ok in [
+            "#",
+            "+",
+            "$iothub/twin/res/#",
+            "$iothub/twin/PATCH/properties/desired/#",
+            "+/#",
+            "a/+/c",
+            "/",
+            "a//b",
+            "$iothub/+/res/+/#",
+        ] {
             assert!(valid_filter(ok), "{ok}");
         }
         for bad in ["", "a#", "a/#/b", "a/b+", "+a/b", "##", "a/\0", "$share/g/a"] {

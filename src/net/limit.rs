@@ -230,7 +230,10 @@ impl Drop for ConnPermit {
 
 impl std::fmt::Debug for ConnPermit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnPermit").field("listener", &self.gate.name).field("authenticated", &self.authenticated).finish()
+        f.debug_struct("ConnPermit")
+            .field("listener", &self.gate.name)
+            .field("authenticated", &self.authenticated)
+            .finish()
     }
 }
 

@@ -63,7 +63,14 @@ impl Gates {
     pub fn new(limits: &NetLimits) -> Gates {
         let nofile = raise_nofile_limit();
         let budget = FdBudget::from_limit(nofile, &limits.caps);
-        tracing::info!(nofile, https = budget.https, mqtt = budget.mqtt, events = budget.events, cluster = budget.cluster, "connection caps");
+        tracing::info!(
+            nofile,
+            https = budget.https,
+            mqtt = budget.mqtt,
+            events = budget.events,
+            cluster = budget.cluster,
+            "connection caps"
+        );
         let l = |max_connections: usize, per_source: usize| ListenerLimits {
             max_connections,
             max_per_source: per_source,

@@ -142,13 +142,8 @@ fn rumqttd_settings(
         }
         std::future::ready(ok)
     });
-    let server = ServerSettings {
-        name: "twinhub-events".into(),
-        listen,
-        tls: None,
-        next_connection_delay_ms: 0,
-        connections,
-    };
+    let server =
+        ServerSettings { name: "twinhub-events".into(), listen, tls: None, next_connection_delay_ms: 0, connections };
     (router, server)
 }
 

@@ -317,7 +317,10 @@ impl Hub {
     pub fn sink(self: &Arc<Self>) -> EventSink {
         let hub = self.clone();
         let gaps = self.clone();
-        EventSink { publish: Arc::new(move |shard, events| hub.publish(shard, events)), gap: Arc::new(move |shard| gaps.gap(shard)) }
+        EventSink {
+            publish: Arc::new(move |shard, events| hub.publish(shard, events)),
+            gap: Arc::new(move |shard| gaps.gap(shard)),
+        }
     }
 
     /// Some change events of `shard` were lost to this node (its tail fell behind): every feed consumer
@@ -330,7 +333,10 @@ impl Hub {
         for c in st.consumers.values_mut() {
             c.queue.clear();
             c.mode = Mode::Live;
-            c.resync = Some((position.clone(), format!("change events of shard {shard} could not be fetched from its replicas")));
+            c.resync = Some((
+                position.clone(),
+                format!("change events of shard {shard} could not be fetched from its replicas"),
+            ));
             c.notify.notify_one();
         }
         drop(st);

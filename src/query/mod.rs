@@ -72,6 +72,6 @@ mod parser;
 pub use aggregate::{Partial, PartialState};
 pub use api::{parse, parse_condition, Condition, Query};
 pub use ast::Collection;
-pub use lexer::quote;
 pub use error::{CursorError, MergeError, QueryError, MAX_NESTING, MAX_QUERY_CHARS};
+pub use lexer::quote;
 pub use page::{fingerprint, merge_page, page_limit, row_key, select_rows, Cursor, Page, RowKey};

@@ -16,8 +16,8 @@ pub mod log_store;
 pub mod network;
 pub mod reconcile;
 pub mod state_machine;
-pub mod tail;
 pub mod store;
+pub mod tail;
 pub mod types;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -160,7 +160,9 @@ impl Shard {
     pub async fn linearize(&self) -> Result<(), ShardError> {
         match self.read_index().await {
             Ok(_) => Ok(()),
-            Err(ShardError::NotLeader { leader: Some(leader), .. }) if leader != self.node_id && self.transport.is_some() => {
+            Err(ShardError::NotLeader { leader: Some(leader), .. })
+                if leader != self.node_id && self.transport.is_some() =>
+            {
                 let index = self.remote_read_index(leader).await?;
                 if let Some(index) = index {
                     self.raft
@@ -192,8 +194,11 @@ impl Shard {
     }
 
     async fn remote_read_index(&self, leader: NodeId) -> Result<Option<u64>, ShardError> {
-        let Some(t) = &self.transport else { return Err(ShardError::NotLeader { shard: self.id, leader: Some(leader) }) };
-        let body = postcard::to_allocvec(&self.id).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
+        let Some(t) = &self.transport else {
+            return Err(ShardError::NotLeader { shard: self.id, leader: Some(leader) });
+        };
+        let body =
+            postcard::to_allocvec(&self.id).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
         let answer = t.call(leader, READ_INDEX_CALL, body.into(), Some(REMOTE_READ_TIMEOUT)).await.map_err(|e| {
             tracing::debug!(shard = self.id, leader, "remote read index: {e}");
             ShardError::NotLeader { shard: self.id, leader: None }
@@ -206,7 +211,8 @@ impl Shard {
     /// Makes `node` a voter of this shard: first a learner that has caught up (blocking), then a voter,
     /// one membership change at a time as openraft requires. Idempotent. Leader only.
     pub async fn add_voter(&self, node: NodeId, addr: &str) -> Result<(), ShardError> {
-        let voters: Vec<NodeId> = self.raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
+        let voters: Vec<NodeId> =
+            self.raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
         if voters.contains(&node) {
             return Ok(());
         }
@@ -637,7 +643,10 @@ impl Shards {
 
     /// Proposes a command to the cluster-wide records' group on its leader (here or over the
     /// transport), retrying across leader changes for up to 10 s; answers the model's verdict.
-    pub async fn propose_meta(&self, op: crate::model::Op) -> Result<Result<crate::model::Reply, crate::model::TwinError>, ShardError> {
+    pub async fn propose_meta(
+        &self,
+        op: crate::model::Op,
+    ) -> Result<Result<crate::model::Reply, crate::model::TwinError>, ShardError> {
         let Some(meta) = self.meta_group() else { return Err(ShardError::NotLeader { shard: META, leader: None }) };
         let cmd = Command::new(op, crate::model::now_ms());
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -649,7 +658,9 @@ impl Shards {
             };
             match r {
                 Ok(applied) => return Ok(applied.result),
-                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. }) if std::time::Instant::now() < deadline => {
+                Err(ShardError::NotLeader { .. } | ShardError::Timeout { .. })
+                    if std::time::Instant::now() < deadline =>
+                {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(e) => return Err(e),
@@ -766,7 +777,8 @@ fn register_calls(t: &crate::cluster::transport::Transport, shards: &Arc<Shards>
     t.handlers().register(READ_INDEX_CALL, move |_from, body: bytes::Bytes| {
         let s = s.clone();
         async move {
-            let id: ShardId = postcard::from_bytes(&body).map_err(|e| call_error(format!("bad read-index request: {e}")))?;
+            let id: ShardId =
+                postcard::from_bytes(&body).map_err(|e| call_error(format!("bad read-index request: {e}")))?;
             let group = s.upgrade().and_then(|s| if id == META { s.meta.clone() } else { s.local(id) });
             let r = match group {
                 Some(g) => g.read_index().await,
@@ -848,7 +860,17 @@ mod layout_tests {
     use super::*;
 
     fn config(dir: &std::path::Path, shard_count: u32) -> ShardsConfig {
-        ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every: 1000, events: None, transport: None, members: BTreeMap::new(), join: None, heartbeat_ms: 100 }
+        ShardsConfig {
+            data_dir: dir.to_path_buf(),
+            node_id: 1,
+            shard_count,
+            snapshot_every: 1000,
+            events: None,
+            transport: None,
+            members: BTreeMap::new(),
+            join: None,
+            heartbeat_ms: 100,
+        }
     }
 
     #[test]

@@ -91,7 +91,9 @@ impl Shards {
                     Some(s) => s.propose(ClusterOp::AddNode { id, addr }).await,
                     None => Err(ShardError::ShuttingDown { shard: super::META }),
                 };
-                serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+                serde_json::to_vec(&r)
+                    .map(bytes::Bytes::from)
+                    .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
             }
         });
         let s = Arc::downgrade(self);
@@ -435,7 +437,11 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
             Ok(page) => {
                 if page.gap {
                     metrics::counter!("twinhub_event_tail_gaps_total").increment(1);
-                    tracing::warn!(shard = id, node, "event tail fell behind: some change events were skipped; feed consumers are told to resync");
+                    tracing::warn!(
+                        shard = id,
+                        node,
+                        "event tail fell behind: some change events were skipped; feed consumers are told to resync"
+                    );
                     (sink.gap)(id);
                 }
                 let mut last = cursor;

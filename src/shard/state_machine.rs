@@ -75,7 +75,12 @@ impl StateMachine {
     }
 
     fn builder(&self) -> SnapshotBuilder {
-        SnapshotBuilder { shard: self.shard, store: self.store.clone(), shared: self.shared.clone(), snapshot: self.snapshot.clone() }
+        SnapshotBuilder {
+            shard: self.shard,
+            store: self.store.clone(),
+            shared: self.shared.clone(),
+            snapshot: self.snapshot.clone(),
+        }
     }
 }
 
@@ -97,7 +102,11 @@ async fn persist_snapshot(
     }
     let items = vec![
         Store::put_meta(shard, MetaKey::SnapshotMeta, meta)?,
-        Item::Put(super::group_commit::Space::Meta, super::store::meta_key(shard, MetaKey::SnapshotData), data.to_vec()),
+        Item::Put(
+            super::group_commit::Space::Meta,
+            super::store::meta_key(shard, MetaKey::SnapshotData),
+            data.to_vec(),
+        ),
     ];
     store.writer.write_durable(items).await?;
     let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());

@@ -22,7 +22,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Fja
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         let store = Arc::new(Store::open(dir.path()).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?);
-        let sm = StateMachine::open(3, store.clone(), None).map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
+        let sm = StateMachine::open(3, store.clone(), None)
+            .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         Ok((dir, LogStore::new(3, store), sm))
     }
 }
@@ -33,17 +34,21 @@ async fn fjall_store_passes_openraft_storage_suite() {
 }
 
 fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> ShardsConfig {
-    ShardsConfig { data_dir: dir.to_path_buf(), node_id: 1, shard_count, snapshot_every, events: None, transport: None, members: Default::default(), join: None, heartbeat_ms: 100 }
+    ShardsConfig {
+        data_dir: dir.to_path_buf(),
+        node_id: 1,
+        shard_count,
+        snapshot_every,
+        events: None,
+        transport: None,
+        members: Default::default(),
+        join: None,
+        heartbeat_ms: 100,
+    }
 }
 
 fn put_device(id: &str) -> Command {
-    Command::new(
-        Op::PutDevice {
-            device: DeviceSpec::test_sas(id),
-            if_match: None,
-        },
-        1_700_000_000_000,
-    )
+    Command::new(Op::PutDevice { device: DeviceSpec::test_sas(id), if_match: None }, 1_700_000_000_000)
 }
 
 fn report(id: &str, n: u64) -> Command {
@@ -62,7 +67,13 @@ fn must_reported_version(r: &Reply) -> i64 {
 
 /// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
 async fn must_twin(shards: &Shards, id: &str) -> (i64, i64) {
-    let twin = shards.local(shards.shard_of(id)).unwrap().read(|s| s.twin(&TwinId::device(id))).await.expect("read").expect("twin");
+    let twin = shards
+        .local(shards.shard_of(id))
+        .unwrap()
+        .read(|s| s.twin(&TwinId::device(id)))
+        .await
+        .expect("read")
+        .expect("twin");
     let reported = &twin["properties"]["reported"];
     (reported["$version"].as_i64().expect("$version"), reported["n"].as_i64().expect("n"))
 }
@@ -100,7 +111,8 @@ async fn writes_survive_reopen_and_versions_continue() {
     for d in ["dev-b", "dev-c"] {
         assert!(shards.local(shards.shard_of(d)).unwrap().read_local(|s| s.device(d)).is_some(), "{d} lost");
     }
-    let applied = shards.local(shards.shard_of("dev-a")).unwrap().write(report("dev-a", 21)).await.expect("write after reopen");
+    let applied =
+        shards.local(shards.shard_of("dev-a")).unwrap().write(report("dev-a", 21)).await.expect("write after reopen");
     assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
     shards.shutdown().await;
 }
@@ -176,4 +188,3 @@ async fn storage_failure_stops_the_shard_instead_of_acknowledging() {
     assert!(reported["properties"]["reported"].get("n").is_none(), "{reported}");
     shards.shutdown().await;
 }
-

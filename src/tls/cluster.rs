@@ -16,7 +16,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
@@ -121,7 +123,8 @@ impl ClusterTls {
     /// The name to verify when dialling node `id`.
     pub fn server_name(id: NodeId) -> ServerName<'static> {
         // A node name is always a valid DNS name.
-        ServerName::try_from(node_name(id)).unwrap_or_else(|_| ServerName::try_from("invalid.cluster.twinhub").expect("static name"))
+        ServerName::try_from(node_name(id))
+            .unwrap_or_else(|_| ServerName::try_from("invalid.cluster.twinhub").expect("static name"))
     }
 }
 
@@ -186,7 +189,13 @@ mod tests {
     #[test]
     fn node_names_round_trip_and_nothing_else_is_a_node() {
         assert_eq!(node_of_name(&node_name(7)), Some(7));
-        for bad in ["node-.cluster.twinhub", "node-07.cluster.twinhub", "node-7.cluster.twinhub.evil", "node-x.cluster.twinhub", "localhost"] {
+        for bad in [
+            "node-.cluster.twinhub",
+            "node-07.cluster.twinhub",
+            "node-7.cluster.twinhub.evil",
+            "node-x.cluster.twinhub",
+            "localhost",
+        ] {
             assert_eq!(node_of_name(bad), None, "{bad}");
         }
     }

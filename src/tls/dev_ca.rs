@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
 use time::{Duration, OffsetDateTime};
 
 use super::{io_err, TlsError};
@@ -116,7 +118,8 @@ mod tests {
             roots.add(c).unwrap();
         }
         let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider).build().unwrap();
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(roots.into(), provider).build().unwrap();
         let chain = load_certs(&d.server_cert).unwrap();
         for name in ["hub.example", "localhost", "127.0.0.1"] {
             let sn = rustls::pki_types::ServerName::try_from(name).unwrap();

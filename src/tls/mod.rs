@@ -38,13 +38,24 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
 /// Where the server certificate comes from.
 #[derive(Clone, Debug)]
 pub enum CertSource {
-    Files { cert: PathBuf, key: PathBuf },
+    Files {
+        cert: PathBuf,
+        key: PathBuf,
+    },
     /// Generate (or reuse) a development CA and server certificate under `dir` for `hostname`.
-    Dev { dir: PathBuf, hostname: String },
+    Dev {
+        dir: PathBuf,
+        hostname: String,
+    },
 }
 
 impl CertSource {
-    pub fn from_options(cert: Option<PathBuf>, key: Option<PathBuf>, data_dir: &Path, hostname: &str) -> Result<Self, TlsError> {
+    pub fn from_options(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        data_dir: &Path,
+        hostname: &str,
+    ) -> Result<Self, TlsError> {
         match (cert, key) {
             (Some(cert), Some(key)) => Ok(CertSource::Files { cert, key }),
             (None, None) => Ok(CertSource::Dev { dir: data_dir.join("tls"), hostname: hostname.to_string() }),

@@ -71,7 +71,8 @@ impl Actor for TwinActor {
 /// to a current etag, and a retried If-Match write answered 412 although its first attempt applied.
 fn precheck(id: &TwinId, shard: &Shard, cmd: &Command) -> Option<Applied> {
     let if_match = match &cmd.op {
-        Op::UpdateTwin { if_match: Some(IfMatch::Etag(e)), .. } | Op::ReplaceTwin { if_match: Some(IfMatch::Etag(e)), .. } => e,
+        Op::UpdateTwin { if_match: Some(IfMatch::Etag(e)), .. }
+        | Op::ReplaceTwin { if_match: Some(IfMatch::Etag(e)), .. } => e,
         _ => return None,
     };
     // A retry of a command that already applied (its answer was lost in a leader change) carries the

@@ -170,7 +170,13 @@ impl Twins {
         }
     }
 
-    async fn remote_read(&self, t: &Transport, node: NodeId, shard: ShardId, op: &ReadOp) -> Result<ReadOut, ShardError> {
+    async fn remote_read(
+        &self,
+        t: &Transport,
+        node: NodeId,
+        shard: ShardId,
+        op: &ReadOp,
+    ) -> Result<ReadOut, ShardError> {
         let body = postcard::to_allocvec(&(shard, op)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
         metrics::counter!("twinhub_route_forwarded_reads_total").increment(1);
         match t.call(node, READ_CALL, body.into(), Some(FORWARD_TIMEOUT)).await {
@@ -281,7 +287,13 @@ impl Retry {
     }
 
     /// Whether to try again after `r` from `target`; remembers leader hints.
-    async fn again<T>(&mut self, shards: &Shards, shard: ShardId, target: Option<NodeId>, r: &Result<T, ShardError>) -> bool {
+    async fn again<T>(
+        &mut self,
+        shards: &Shards,
+        shard: ShardId,
+        target: Option<NodeId>,
+        r: &Result<T, ShardError>,
+    ) -> bool {
         let hosted = shards.local(shard).is_some();
         match r {
             Ok(_) => {

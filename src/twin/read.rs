@@ -19,14 +19,24 @@ pub enum ReadOp {
     TwinProperties(TwinId),
     Twin(TwinId),
     Device(String),
-    Devices { after: Option<String>, limit: usize },
+    Devices {
+        after: Option<String>,
+        limit: usize,
+    },
     Modules(String),
     Module(String, String),
     Stats,
     /// One shard's part of a query (see [`run_query`]).
-    Query { text: String, cursor: Option<String>, max_items: usize },
+    Query {
+        text: String,
+        cursor: Option<String>,
+        max_items: usize,
+    },
     /// A backup page: at most `limit` devices after `after` (see `model::backup`).
-    BackupPage { after: Option<String>, limit: usize },
+    BackupPage {
+        after: Option<String>,
+        limit: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -62,7 +72,9 @@ impl ReadOp {
             ReadOp::Modules(id) => ReadOut::Docs(s.modules(id)),
             ReadOp::Module(d, m) => ReadOut::Doc(s.module(d, m)),
             ReadOp::Stats => ReadOut::Stats(s.stats()),
-            ReadOp::Query { text, cursor, max_items } => ReadOut::Query(run_query(s, text, cursor.as_deref(), *max_items)),
+            ReadOp::Query { text, cursor, max_items } => {
+                ReadOut::Query(run_query(s, text, cursor.as_deref(), *max_items))
+            }
             ReadOp::BackupPage { after, limit } => {
                 ReadOut::Backup(serde_json::to_string(&s.backup_page(after.as_deref(), *limit)).unwrap_or_default())
             }

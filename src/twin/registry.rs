@@ -110,11 +110,8 @@ impl ActorRegistry {
             .await
             .map_err(|e| ShardError::Fatal { shard: shard.id, msg: format!("spawning twin actor: {e}") })?;
         let busy = Arc::new(AtomicUsize::new(1));
-        let entry = Entry {
-            actor: actor.clone(),
-            busy: busy.clone(),
-            last_used: Arc::new(AtomicU64::new(self.now_ms())),
-        };
+        let entry =
+            Entry { actor: actor.clone(), busy: busy.clone(), last_used: Arc::new(AtomicU64::new(self.now_ms())) };
         map.insert(id.clone(), entry);
         self.live.fetch_add(1, Ordering::Relaxed);
         Ok((actor, BusyGuard(busy)))

@@ -29,7 +29,9 @@ impl Twins {
                         return Err(ShardError::Refused { msg: format!("'{text}' is an aggregate query") })
                     }
                     ReadOut::Query(Err(e)) => return Err(ShardError::Refused { msg: e }),
-                    other => return Err(ShardError::Fatal { shard, msg: format!("unexpected query answer {other:?}") }),
+                    other => {
+                        return Err(ShardError::Fatal { shard, msg: format!("unexpected query answer {other:?}") })
+                    }
                 };
                 let at = cursor.as_deref().map(|t| q.cursor(t)).transpose().ok().flatten();
                 let page = q.page(vec![rows], at.as_ref(), PAGE);

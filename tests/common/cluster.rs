@@ -131,7 +131,8 @@ impl Cluster {
                 let a = n[k].as_str().unwrap_or_else(|| panic!("cluster.json: node {i} without {k}: {n}"));
                 a.parse().unwrap_or_else(|_| panic!("cluster.json: node {i}: {k} {a} is not ADDR:PORT"))
             };
-            let path = |k: &str| PathBuf::from(n[k].as_str().unwrap_or_else(|| panic!("cluster.json: node {i} without {k}")));
+            let path =
+                |k: &str| PathBuf::from(n[k].as_str().unwrap_or_else(|| panic!("cluster.json: node {i} without {k}")));
             let node = Node {
                 id: n["id"].as_u64().expect("node id"),
                 pid: n["pid"].as_u64().expect("node pid") as u32,
@@ -149,7 +150,12 @@ impl Cluster {
             assert!(pid_alive(node.pid), "node {} (pid {}) is not running", node.id, node.pid);
             let cs = n["connection_string"].as_str().unwrap_or("");
             let parsed = parse_connection_string(cs);
-            assert_eq!(parsed.get("HostName"), Some(&format!("localhost:{}", node.http.port())), "node {}: {cs}", node.id);
+            assert_eq!(
+                parsed.get("HostName"),
+                Some(&format!("localhost:{}", node.http.port())),
+                "node {}: {cs}",
+                node.id
+            );
             assert_eq!(parsed.get("SharedAccessKey"), Some(&c.owner_key), "node {}: {cs}", node.id);
             assert!(
                 stdout.contains(&format!("node {}: {cs}", node.id)),
@@ -223,7 +229,9 @@ impl Cluster {
         let mut leader = None;
         for id in live {
             let st = self.status(*id).await?;
-            let Some(s) = st["shards"].as_array().and_then(|a| a.iter().find(|s| s["shard"] == shard)) else { continue };
+            let Some(s) = st["shards"].as_array().and_then(|a| a.iter().find(|s| s["shard"] == shard)) else {
+                continue;
+            };
             let l = s["leader"].as_u64()?;
             if leader.is_some_and(|x| x != l) {
                 return None;
@@ -277,13 +285,15 @@ impl Cluster {
             let mut lead: Option<Value> = None;
             for id in &ids {
                 if let Some(st) = self.shard_status(*id, shard).await {
-                    if st["is_leader"] == true && lead.as_ref().is_none_or(|l| l["term"].as_u64() < st["term"].as_u64()) {
+                    if st["is_leader"] == true && lead.as_ref().is_none_or(|l| l["term"].as_u64() < st["term"].as_u64())
+                    {
                         lead = Some(st);
                     }
                 }
             }
             let Some(s) = lead else { return false };
-            let voters: Vec<u64> = s["voters"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+            let voters: Vec<u64> =
+                s["voters"].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
             if voters != want || s["learners"].as_array().is_some_and(|l| !l.is_empty()) {
                 return false;
             }
@@ -295,7 +305,11 @@ impl Cluster {
     pub async fn wait_converged(&self, within: Duration) {
         let deadline = Instant::now() + within;
         while !self.converged().await {
-            assert!(Instant::now() < deadline, "replicas did not reach the map's placement within {within:?}\n{}", self.logs_tail());
+            assert!(
+                Instant::now() < deadline,
+                "replicas did not reach the map's placement within {within:?}\n{}",
+                self.logs_tail()
+            );
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
@@ -306,7 +320,10 @@ impl Cluster {
         let file = self.cluster_file();
         let entry = file["nodes"].as_array().and_then(|a| a.last()).cloned().expect("cluster.json lists the new node");
         let id = entry["id"].as_u64().expect("id");
-        assert!(out.contains(&format!("node {id}:")), "cluster add must print the new node's connection string:\n{out}");
+        assert!(
+            out.contains(&format!("node {id}:")),
+            "cluster add must print the new node's connection string:\n{out}"
+        );
         let addr = |k: &str| -> SocketAddr { entry[k].as_str().and_then(|a| a.parse().ok()).expect("address") };
         self.nodes.push(Node {
             id,
@@ -322,7 +339,10 @@ impl Cluster {
     /// `twinhub cluster remove --dir --node ID`: drains the node, waits until it holds nothing, stops it.
     pub fn remove_node(&mut self, id: u64) {
         self.cli(&["remove", "--node", &id.to_string()]);
-        assert!(!self.cluster_file()["nodes"].as_array().expect("nodes").iter().any(|n| n["id"] == id), "node {id} left cluster.json");
+        assert!(
+            !self.cluster_file()["nodes"].as_array().expect("nodes").iter().any(|n| n["id"] == id),
+            "node {id} left cluster.json"
+        );
         self.nodes.retain(|n| n.id != id);
     }
 
@@ -333,7 +353,12 @@ impl Cluster {
         let out = cmd.output().expect("run twinhub cluster");
         let stdout = String::from_utf8_lossy(&out.stdout).to_string();
         let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(out.status.success(), "twinhub cluster {args:?} failed ({}):\n{stdout}\n{stderr}\n{}", out.status, self.logs_tail());
+        assert!(
+            out.status.success(),
+            "twinhub cluster {args:?} failed ({}):\n{stdout}\n{stderr}\n{}",
+            out.status,
+            self.logs_tail()
+        );
         eprintln!("twinhub cluster {args:?}:\n{stderr}");
         stdout
     }
@@ -354,7 +379,11 @@ impl Cluster {
                 },
                 None => since = None,
             }
-            assert!(Instant::now() < deadline, "shard {shard}: no leader agreed by nodes {live:?} within {WAIT:?}\n{}", self.logs_tail());
+            assert!(
+                Instant::now() < deadline,
+                "shard {shard}: no leader agreed by nodes {live:?} within {WAIT:?}\n{}",
+                self.logs_tail()
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
@@ -376,10 +405,13 @@ impl Cluster {
                 }
             }
             if leaders.len() == self.shard_count as usize {
-                let on_preferred = leaders.iter().enumerate().all(|(s, l)| map["placement"]["shards"][s]["leader"] == *l);
+                let on_preferred =
+                    leaders.iter().enumerate().all(|(s, l)| map["placement"]["shards"][s]["leader"] == *l);
                 match &stable {
                     Some((prev, since)) if *prev == leaders => {
-                        if (on_preferred && since.elapsed() >= Duration::from_millis(500)) || since.elapsed() >= Duration::from_secs(5) {
+                        if (on_preferred && since.elapsed() >= Duration::from_millis(500))
+                            || since.elapsed() >= Duration::from_secs(5)
+                        {
                             return;
                         }
                     }
@@ -425,9 +457,18 @@ impl Cluster {
     pub fn restart(&mut self, id: u64) {
         let node = self.node(id).clone();
         assert!(!pid_alive(node.pid), "node {id} still runs");
-        let open = |p: PathBuf| std::fs::OpenOptions::new().create(true).append(true).open(&p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+        let open = |p: PathBuf| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .unwrap_or_else(|e| panic!("open {}: {e}", p.display()))
+        };
         let mut cmd = twinhub_cmd();
-        cmd.arg("serve").arg("--config").arg(&node.config).stdout(open(node.log.with_extension("stdout")))
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&node.config)
+            .stdout(open(node.log.with_extension("stdout")))
             .stderr(open(node.log.clone()));
         let child = cmd.spawn().expect("spawn twinhub serve");
         let pid = child.id();
@@ -439,7 +480,8 @@ impl Cluster {
                 n["pid"] = json!(pid);
             }
         }
-        std::fs::write(self.dir.join("cluster.json"), serde_json::to_vec_pretty(&file).unwrap()).expect("update cluster.json");
+        std::fs::write(self.dir.join("cluster.json"), serde_json::to_vec_pretty(&file).unwrap())
+            .expect("update cluster.json");
         eprintln!("node {id} restarted as pid {pid}");
     }
 
@@ -455,7 +497,8 @@ impl Cluster {
 
     pub fn logs_tail(&self) -> String {
         let mut out = String::new();
-        let mut logs: Vec<(String, PathBuf)> = self.nodes.iter().map(|n| (format!("node {}", n.id), n.log.clone())).collect();
+        let mut logs: Vec<(String, PathBuf)> =
+            self.nodes.iter().map(|n| (format!("node {}", n.id), n.log.clone())).collect();
         if logs.is_empty() {
             for i in 1..=9 {
                 let p = self.dir.join(format!("node-{i}")).join("twinhub.log");
@@ -476,7 +519,9 @@ impl Drop for Cluster {
         let mut pids: Vec<u32> = self.nodes.iter().map(|n| n.pid).collect();
         if let Ok(text) = std::fs::read_to_string(self.dir.join("cluster.json")) {
             if let Ok(v) = serde_json::from_str::<Value>(&text) {
-                pids.extend(v["nodes"].as_array().into_iter().flatten().filter_map(|n| n["pid"].as_u64()).map(|p| p as u32));
+                pids.extend(
+                    v["nodes"].as_array().into_iter().flatten().filter_map(|n| n["pid"].as_u64()).map(|p| p as u32),
+                );
             }
         }
         for pid in pids {
@@ -520,7 +565,6 @@ pub fn permutations(ids: &[u64]) -> Vec<Vec<u64>> {
     out
 }
 
-
 // ---------------------------------------------------------------------------------------------------
 // The inter-node port, for tests that talk to it directly
 
@@ -535,7 +579,10 @@ impl Cluster {
     /// and trusts the cluster CA: a member's credentials, for tests of what a member may still not do.
     pub fn member_tls(&self, as_node: u64) -> std::sync::Arc<rustls::ClientConfig> {
         let node_dir = self.dir.join(format!("node-{as_node}"));
-        cluster_tls_client(&self.dir.join("shared/tls/cluster-ca.pem"), Some((&node_dir.join("cluster-node.pem"), &node_dir.join("cluster-node.key"))))
+        cluster_tls_client(
+            &self.dir.join("shared/tls/cluster-ca.pem"),
+            Some((&node_dir.join("cluster-node.pem"), &node_dir.join("cluster-node.key"))),
+        )
     }
 
     /// Node `id`'s inter-node listener.
@@ -543,7 +590,10 @@ impl Cluster {
         let file = self.cluster_file();
         let entry = file["nodes"].as_array().and_then(|a| a.iter().find(|n| n["id"] == id)).cloned();
         let entry = entry.unwrap_or_else(|| panic!("cluster.json: no node {id}"));
-        entry["cluster"].as_str().and_then(|a| a.parse().ok()).unwrap_or_else(|| panic!("cluster.json: node {id} without cluster address"))
+        entry["cluster"]
+            .as_str()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("cluster.json: node {id} without cluster address"))
     }
 }
 
@@ -553,7 +603,10 @@ pub fn cluster_node_name(id: u64) -> rustls::pki_types::ServerName<'static> {
 }
 
 /// A TLS 1.3 client with ALPN `h2` trusting the CA in `ca`, presenting `identity` (cert, key) if given.
-pub fn cluster_tls_client(ca: &std::path::Path, identity: Option<(&std::path::Path, &std::path::Path)>) -> std::sync::Arc<rustls::ClientConfig> {
+pub fn cluster_tls_client(
+    ca: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+) -> std::sync::Arc<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("read CA") {
@@ -566,7 +619,10 @@ pub fn cluster_tls_client(ca: &std::path::Path, identity: Option<(&std::path::Pa
         .with_root_certificates(roots);
     let mut config = match identity {
         Some((cert, key)) => {
-            let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert).expect("read cert").map(|c| c.expect("cert PEM")).collect();
+            let chain: Vec<_> = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+                .expect("read cert")
+                .map(|c| c.expect("cert PEM"))
+                .collect();
             let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).expect("read key");
             b.with_client_auth_cert(chain, key).expect("client identity")
         }

@@ -81,10 +81,7 @@ fn mqtt_flag_supported(bin: &Path) -> bool {
 
 impl Server {
     pub fn start(opts: ServerOpts) -> Server {
-        let root = tempfile::Builder::new()
-            .prefix("twinhub-test-")
-            .tempdir()
-            .expect("create temp dir");
+        let root = tempfile::Builder::new().prefix("twinhub-test-").tempdir().expect("create temp dir");
         let data_dir = root.path().join("data");
         let log_path = root.path().join("server.log");
         let mut s = Server {
@@ -113,11 +110,7 @@ impl Server {
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "spawn while a child is running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open server log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).expect("open server log");
         let bin = self.opts.bin.clone().unwrap_or_else(bin_path);
         let mut cmd = Command::new(&bin);
         cmd.arg("serve")
@@ -168,12 +161,8 @@ impl Server {
                 });
             }
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log));
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot spawn {}: {e}", bin.display()));
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot spawn {}: {e}", bin.display()));
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel::<String>();
         std::thread::spawn(move || {
@@ -226,8 +215,7 @@ impl Server {
             .get("SharedAccessKey")
             .cloned()
             .unwrap_or_else(|| panic!("connection string without SharedAccessKey: {line}"));
-        B64.decode(&key)
-            .unwrap_or_else(|e| panic!("owner key is not base64 ({e}): {key}"));
+        B64.decode(&key).unwrap_or_else(|e| panic!("owner key is not base64 ({e}): {key}"));
         let port: u16 = host_name
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse().ok())
@@ -237,13 +225,12 @@ impl Server {
             assert_eq!(&key, k, "printed owner key must be the one given with --owner-key");
         }
         let ca_path = self.data_dir.join("tls").join("ca.pem");
-        let ca_pem = std::fs::read(&ca_path)
-            .unwrap_or_else(|e| panic!("cannot read generated CA {}: {e}", ca_path.display()));
+        let ca_pem =
+            std::fs::read(&ca_path).unwrap_or_else(|e| panic!("cannot read generated CA {}: {e}", ca_path.display()));
         if let Ok(text) = std::fs::read_to_string(self.data_dir.join("listen.json")) {
             let v: Value = serde_json::from_str(&text).expect("listen.json is JSON");
-            let port_of = |k: &str| {
-                v[k].as_str().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok()).unwrap_or(0)
-            };
+            let port_of =
+                |k: &str| v[k].as_str().and_then(|a| a.rsplit_once(':')).and_then(|(_, p)| p.parse().ok()).unwrap_or(0);
             self.mqtt_port = port_of("mqtt");
             self.mqtt_plain_port = port_of("mqtt_plain");
             self.events_port = port_of("events");
@@ -278,10 +265,7 @@ impl Server {
     /// SIGTERM and wait (up to 30 s) for the exit; returns the exit status.
     pub fn sigterm(&mut self) -> ExitStatus {
         let mut c = self.child.take().expect("server not running");
-        let ok = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status()
-            .expect("run kill -TERM");
+        let ok = Command::new("kill").args(["-TERM", &c.id().to_string()]).status().expect("run kill -TERM");
         assert!(ok.success(), "kill -TERM failed");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -291,10 +275,7 @@ impl Server {
             if Instant::now() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                panic!(
-                    "twinhub did not exit within 30 s of SIGTERM\n--- stderr ---\n{}",
-                    self.stderr_tail()
-                );
+                panic!("twinhub did not exit within 30 s of SIGTERM\n--- stderr ---\n{}", self.stderr_tail());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -369,10 +350,9 @@ impl Server {
     /// `DIR/policies.json`.
     pub fn policy_key(&self, policy: &str) -> String {
         let path = self.data_dir.join("policies.json");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        let v: Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", path.display()));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let v: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON ({e}): {text}", path.display()));
         find_policy_key(&v, policy)
             .unwrap_or_else(|| panic!("no key for policy {policy} in {}: {text}", path.display()))
     }
@@ -399,9 +379,7 @@ fn find_policy_key(v: &Value, policy: &str) -> Option<String> {
     let from_obj = |o: &Value| -> Option<String> {
         match o {
             Value::String(s) => Some(s.clone()),
-            Value::Object(m) => KEY_FIELDS
-                .iter()
-                .find_map(|f| m.get(*f).and_then(Value::as_str).map(str::to_string)),
+            Value::Object(m) => KEY_FIELDS.iter().find_map(|f| m.get(*f).and_then(Value::as_str).map(str::to_string)),
             _ => None,
         }
     };
@@ -412,9 +390,7 @@ fn find_policy_key(v: &Value, policy: &str) -> Option<String> {
                     return Some(k);
                 }
             }
-            m.iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(policy))
-                .and_then(|(_, o)| from_obj(o))
+            m.iter().find(|(k, _)| k.eq_ignore_ascii_case(policy)).and_then(|(_, o)| from_obj(o))
         }
         Value::Array(a) => a.iter().find_map(|o| {
             let name = NAME_FIELDS.iter().find_map(|f| o.get(*f).and_then(Value::as_str))?;
@@ -429,10 +405,7 @@ fn find_policy_key(v: &Value, policy: &str) -> Option<String> {
 }
 
 pub fn parse_connection_string(s: &str) -> std::collections::HashMap<String, String> {
-    s.split(';')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    s.split(';').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -474,10 +447,7 @@ pub fn sign(key_b64: &str, msg: &str) -> String {
 pub fn service_sas(host_name: &str, policy: &str, key_b64: &str, expiry_unix: u64) -> String {
     let sr = py_quote_plus(host_name);
     let sig = sign(key_b64, &format!("{sr}\n{expiry_unix}"));
-    format!(
-        "SharedAccessSignature sr={sr}&sig={}&se={expiry_unix}&skn={policy}",
-        py_quote(&sig, "/")
-    )
+    format!("SharedAccessSignature sr={sr}&sig={}&se={expiry_unix}&skn={policy}", py_quote(&sig, "/"))
 }
 
 /// A device or module token as the device SDKs build it: `sr = quote({host}/devices/{id}[/modules/{mid}])`,
@@ -526,19 +496,18 @@ pub struct Resp {
 
 impl Resp {
     pub fn json(&self) -> &Value {
-        self.json
-            .as_ref()
-            .unwrap_or_else(|| panic!("{} {}: body is not JSON: {:?}", self.method, self.path, self.text))
+        self.json.as_ref().unwrap_or_else(|| panic!("{} {}: body is not JSON: {:?}", self.method, self.path, self.text))
     }
 
     /// `ErrorCode:<Code>` from IoT Hub's error body `{"Message":"ErrorCode:<Code>;…"}`.
     pub fn error_code(&self) -> String {
-        let msg = self.json().get("Message").and_then(Value::as_str).unwrap_or_else(|| {
-            panic!("{} {}: error body without \"Message\": {}", self.method, self.path, self.text)
-        });
-        let rest = msg.strip_prefix("ErrorCode:").unwrap_or_else(|| {
-            panic!("{} {}: Message does not start with ErrorCode: {msg}", self.method, self.path)
-        });
+        let msg =
+            self.json().get("Message").and_then(Value::as_str).unwrap_or_else(|| {
+                panic!("{} {}: error body without \"Message\": {}", self.method, self.path, self.text)
+            });
+        let rest = msg
+            .strip_prefix("ErrorCode:")
+            .unwrap_or_else(|| panic!("{} {}: Message does not start with ErrorCode: {msg}", self.method, self.path));
         rest.split(';').next().unwrap_or("").to_string()
     }
 
@@ -558,9 +527,7 @@ impl Api {
 
     pub fn auth_header(&self) -> Option<String> {
         match &self.auth {
-            Auth::Policy { name, key } => {
-                Some(service_sas(&self.host_name, name, key, unix_now() + 3600))
-            }
+            Auth::Policy { name, key } => Some(service_sas(&self.host_name, name, key, unix_now() + 3600)),
             Auth::Raw(h) => Some(h.clone()),
             Auth::None => None,
         }
@@ -573,13 +540,7 @@ impl Api {
     }
 
     /// Sends raw bytes as an `application/json` body.
-    pub async fn send_raw(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Vec<u8>>,
-        headers: &[Hdr<'_>],
-    ) -> Resp {
+    pub async fn send_raw(&self, method: &str, path: &str, body: Option<Vec<u8>>, headers: &[Hdr<'_>]) -> Resp {
         match self.try_send_raw(method, path, body, headers).await {
             Ok(r) => r,
             Err(e) => panic!("{method} {path}: transport error: {e:?}"),
@@ -607,12 +568,7 @@ impl Api {
         }
         let r = rb.send().await?;
         let status = r.status().as_u16();
-        let content_type = r
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let content_type = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let headers = r
             .headers()
             .iter()
@@ -635,20 +591,9 @@ impl Api {
     }
 
     /// Sends and asserts the status; returns the response.
-    pub async fn must(
-        &self,
-        status: u16,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        headers: &[Hdr<'_>],
-    ) -> Resp {
+    pub async fn must(&self, status: u16, method: &str, path: &str, body: Option<&Value>, headers: &[Hdr<'_>]) -> Resp {
         let r = self.send(method, path, body, headers).await;
-        assert_eq!(
-            r.status, status,
-            "{method} {path}: expected {status}, got {} with body {}",
-            r.status, r.text
-        );
+        assert_eq!(r.status, status, "{method} {path}: expected {status}, got {} with body {}", r.status, r.text);
         if (200..300).contains(&status) && !r.text.is_empty() {
             assert!(
                 r.content_type.contains("application/json"),
@@ -723,13 +668,7 @@ pub fn assert_error(r: &Resp, status: u16, code: &str) {
         "{} {}: expected {status} {code}, got {} with body {}",
         r.method, r.path, r.status, r.text
     );
-    assert!(
-        r.json.is_some(),
-        "{} {}: error body must be JSON, got {:?}",
-        r.method,
-        r.path,
-        r.text
-    );
+    assert!(r.json.is_some(), "{} {}: error body must be JSON, got {:?}", r.method, r.path, r.text);
     let got = r.error_code();
     assert_eq!(got, code, "{} {}: wrong error code; body {}", r.method, r.path, r.text);
 }
@@ -746,10 +685,7 @@ pub fn quoted(etag: &str) -> String {
 
 /// The etag member of a document, asserting it is a non-empty string and not `*`.
 pub fn etag_of(doc: &Value) -> String {
-    let e = doc
-        .get("etag")
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("document without a string etag: {doc}"));
+    let e = doc.get("etag").and_then(Value::as_str).unwrap_or_else(|| panic!("document without a string etag: {doc}"));
     assert!(!e.is_empty() && e != "*", "bad etag {e:?} in {doc}");
     e.to_string()
 }
@@ -767,17 +703,15 @@ pub fn reported_version(twin: &Value) -> i64 {
 }
 
 pub fn twin_version(twin: &Value) -> i64 {
-    twin.get("version")
-        .and_then(Value::as_i64)
-        .unwrap_or_else(|| panic!("twin without an integer version: {twin}"))
+    twin.get("version").and_then(Value::as_i64).unwrap_or_else(|| panic!("twin without an integer version: {twin}"))
 }
 
 /// A copy of an object without its `$`-prefixed members (`$metadata`, `$version`).
 pub fn user_props(v: &Value) -> Value {
     match v {
-        Value::Object(m) => Value::Object(
-            m.iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k.clone(), v.clone())).collect(),
-        ),
+        Value::Object(m) => {
+            Value::Object(m.iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
         Value::Null => json!({}),
         other => panic!("expected an object, got {other}"),
     }
@@ -820,10 +754,11 @@ pub fn ca_roots(ca_pem: &[u8]) -> rumqttc::tokio_rustls::rustls::RootCertStore {
 /// the tests' raw TLS sockets and MQTT-over-TLS clients use.
 pub fn tls_client_config(ca_pem: &[u8]) -> std::sync::Arc<rumqttc::tokio_rustls::rustls::ClientConfig> {
     use rumqttc::tokio_rustls::rustls;
-    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(ca_roots(ca_pem))
-        .with_no_client_auth();
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(ca_roots(ca_pem))
+            .with_no_client_auth();
     std::sync::Arc::new(config)
 }

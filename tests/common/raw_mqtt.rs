@@ -29,7 +29,13 @@ pub fn packet(first: u8, body: &[u8]) -> Vec<u8> {
 }
 
 /// CONNECT (level 4, clean session) with user name, password and optionally a will.
-pub fn connect_packet(client_id: &str, keep_alive: u16, user: &str, password: &str, will: Option<(&str, &[u8])>) -> Vec<u8> {
+pub fn connect_packet(
+    client_id: &str,
+    keep_alive: u16,
+    user: &str,
+    password: &str,
+    will: Option<(&str, &[u8])>,
+) -> Vec<u8> {
     connect_packet_with(true, client_id, keep_alive, user, password, will)
 }
 

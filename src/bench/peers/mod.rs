@@ -11,7 +11,12 @@ use std::time::{Duration, Instant};
 use crate::bench::http::HttpConn;
 
 /// Polls `GET path` on a plain-HTTP address until the answer is 200 and `ok(body)` holds.
-pub async fn wait_http(addr: SocketAddr, path: &str, timeout: Duration, ok: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+pub async fn wait_http(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut last = String::new();
     while started.elapsed() < timeout {

@@ -24,7 +24,15 @@ pub struct NatsCluster {
     pub stream_config: serde_json::Value,
 }
 
-fn config(name: &str, dir: &std::path::Path, client: u16, http: u16, cluster: u16, routes: &[u16], sync_always: bool) -> String {
+fn config(
+    name: &str,
+    dir: &std::path::Path,
+    client: u16,
+    http: u16,
+    cluster: u16,
+    routes: &[u16],
+    sync_always: bool,
+) -> String {
     let routes: Vec<String> = routes.iter().map(|p| format!("\"nats-route://127.0.0.1:{p}\"")).collect();
     format!(
         "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{http}\"\n\
@@ -51,7 +59,15 @@ impl NatsCluster {
             for i in 0..servers {
                 let name = format!("n{}", i + 1);
                 let routes: Vec<u16> = (0..servers).filter(|j| *j != i).map(|j| ports[2 * servers + j]).collect();
-                let cfg = config(&name, &dir.path.join(&name), ports[i], ports[servers + i], ports[2 * servers + i], &routes, sync_always);
+                let cfg = config(
+                    &name,
+                    &dir.path.join(&name),
+                    ports[i],
+                    ports[servers + i],
+                    ports[2 * servers + i],
+                    &routes,
+                    sync_always,
+                );
                 let cfg_path = dir.path.join(format!("{name}.conf"));
                 std::fs::write(&cfg_path, cfg)?;
                 let log = std::fs::File::create(dir.path.join(format!("{name}.log")))?;

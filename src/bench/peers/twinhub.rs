@@ -36,7 +36,11 @@ impl TwinhubCluster {
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
         let dir = TempDir::new("twinhub-bench-twinhub")?;
         let version = procs::first_line(bin, &["--version"]);
-        eprintln!("starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} --dir {}", bin.display(), dir.path.display());
+        eprintln!(
+            "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} --dir {}",
+            bin.display(),
+            dir.path.display()
+        );
         let out = Command::new(bin)
             .args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string(), "--dir"])
             .arg(&dir.path)
@@ -99,7 +103,8 @@ impl TwinhubCluster {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let stopped = stop_started.elapsed();
-        let config = node.config.clone().ok_or_else(|| anyhow::anyhow!("cluster.json has no config for node {}", node.id))?;
+        let config =
+            node.config.clone().ok_or_else(|| anyhow::anyhow!("cluster.json has no config for node {}", node.id))?;
         let log = node.log.clone().unwrap_or_else(|| self.dir.path.join(format!("node-{}.restart.log", node.id)));
         let logf = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
         let started = Instant::now();

@@ -136,7 +136,11 @@ impl Worker for Backend {
         let (op, method, body) = if pick < self.mix.get + self.mix.patch {
             ("patch", "PATCH", format!("{{\"properties\":{{\"desired\":{{\"fb\":{v}}}}}}}"))
         } else {
-            ("replace", "PUT", format!("{{\"tags\":{{\"fbseq\":{}}},\"properties\":{{\"desired\":{{\"fb\":{v}}}}}}}", self.seq))
+            (
+                "replace",
+                "PUT",
+                format!("{{\"tags\":{{\"fbseq\":{}}},\"properties\":{{\"desired\":{{\"fb\":{v}}}}}}}", self.seq),
+            )
         };
         match self.c.write_twin(method, &key, Bytes::from(body)).await {
             Ok(version) => {
@@ -156,7 +160,12 @@ pub const BULK: usize = 100;
 
 /// Creates `n` devices `fb0000000..` over HTTPS with the bulk registry call (100 per call, keys
 /// generated here), `concurrency` calls at a time; returns their primary keys.
-pub async fn create_devices(hub: &Hub, n: usize, concurrency: usize, rec: Option<Arc<Recorder>>) -> anyhow::Result<(Vec<String>, f64)> {
+pub async fn create_devices(
+    hub: &Hub,
+    n: usize,
+    concurrency: usize,
+    rec: Option<Arc<Recorder>>,
+) -> anyhow::Result<(Vec<String>, f64)> {
     let started = Instant::now();
     let keys: Arc<Vec<String>> = Arc::new((0..n).map(|_| crate::auth::generate_key()).collect());
     let chunks = n.div_ceil(BULK);
@@ -390,7 +399,12 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
         book: PushBook::default(),
     });
     // Devices: connect, subscribe, GET twin; then their loops start.
-    eprintln!("connecting {} devices over MQTT ({}), {} at a time", o.devices, if o.mqtt_tls { "TLS" } else { "plain TCP" }, o.connect_concurrency);
+    eprintln!(
+        "connecting {} devices over MQTT ({}), {} at a time",
+        o.devices,
+        if o.mqtt_tls { "TLS" } else { "plain TCP" },
+        o.connect_concurrency
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let connect_started = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(o.connect_concurrency.max(1)));
@@ -472,7 +486,8 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
     // Timed from after the twins were read back.
     let converge_started = Instant::now();
     while converge_started.elapsed() < Duration::from_secs(30) {
-        converged = expected.iter().filter(|(i, v)| state.last_push_version[**i].load(Ordering::Relaxed) >= **v).count();
+        converged =
+            expected.iter().filter(|(i, v)| state.last_push_version[**i].load(Ordering::Relaxed) >= **v).count();
         if converged == expected.len() {
             break;
         }
@@ -497,12 +512,8 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
     let writes: Vec<u64> = state.writes.iter().map(|x| x.load(Ordering::Relaxed)).collect();
     let pushes: Vec<u64> = state.pushes.iter().map(|x| x.load(Ordering::Relaxed)).collect();
     let (w, p) = (writes.iter().sum::<u64>(), pushes.iter().sum::<u64>());
-    let max_ratio = writes
-        .iter()
-        .zip(&pushes)
-        .filter(|(_, p)| **p > 0)
-        .map(|(w, p)| *w as f64 / *p as f64)
-        .fold(0.0f64, f64::max);
+    let max_ratio =
+        writes.iter().zip(&pushes).filter(|(_, p)| **p > 0).map(|(w, p)| *w as f64 / *p as f64).fold(0.0f64, f64::max);
     let ack_to_recv = SignedSummary::of(state.book.samples.lock().unwrap().clone());
     let unmatched = state.book.pending.lock().unwrap().len();
     let out = json!({
@@ -542,7 +553,11 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
     });
     print_fleet(&out);
     let svg = svg_path(&o.out, o.svg.as_deref());
-    crate::bench::plot::write_svg(&svg, &format!("twinhub fleet: {} devices, {mode}", o.devices), &[crate::bench::plot::Run { label: "all ops".into(), series: &summary.series }])?;
+    crate::bench::plot::write_svg(
+        &svg,
+        &format!("twinhub fleet: {} devices, {mode}", o.devices),
+        &[crate::bench::plot::Run { label: "all ops".into(), series: &summary.series }],
+    )?;
     eprintln!("wrote {}", svg.display());
     Ok(out)
 }
@@ -550,7 +565,10 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
 fn print_fleet(v: &Value) {
     let r = &v["results"];
     println!("\nfleet run: {} | {}", v["config"]["backend"].as_str().unwrap_or(""), v["config"]["mix"]);
-    println!("{:<16} {:>10} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9}", "op", "count", "errors", "ops/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms");
+    println!(
+        "{:<16} {:>10} {:>8} {:>9} {:>9} {:>9} {:>10} {:>9}",
+        "op", "count", "errors", "ops/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms"
+    );
     if let Some(ops) = r["ops"].as_object() {
         for (k, s) in ops {
             println!(
@@ -569,9 +587,12 @@ fn print_fleet(v: &Value) {
     let p = &v["pushes"];
     println!(
         "pushes: {} desired writes → {} pushes (coalescing ratio {:.2}, max per device {:.2}); converged {}/{} devices",
-        p["desired_writes_acked_incl_warmup"], p["pushes_received_incl_warmup"],
-        p["coalescing_ratio"].as_f64().unwrap_or(0.0), p["max_device_coalescing_ratio"].as_f64().unwrap_or(0.0),
-        p["converged_devices"], p["checked_devices"]
+        p["desired_writes_acked_incl_warmup"],
+        p["pushes_received_incl_warmup"],
+        p["coalescing_ratio"].as_f64().unwrap_or(0.0),
+        p["max_device_coalescing_ratio"].as_f64().unwrap_or(0.0),
+        p["converged_devices"],
+        p["checked_devices"]
     );
     println!(
         "push latency: ack → device p50 {:.2} ms p99 {:.2} ms ({} samples, {} negative); send → device p50 {:.2} ms p99 {:.2} ms",

@@ -77,9 +77,10 @@ async fn run_on(o: &HotOpts, cluster: &Cluster) -> anyhow::Result<Value> {
     let rec = Arc::new(Recorder::new());
     let qos = rumqttc::QoS::AtLeastOnce;
     let slow = if o.slow_ms > 0 { Some(Duration::from_millis(o.slow_ms)) } else { None };
-    let (mut conn, _, initial) = connect_and_get(&endpoint(hub, 0, o.mqtt_tls)?, &hub.info.hostname, &id, &keys[0], qos, &rec, slow)
-        .await
-        .map_err(|e| anyhow::anyhow!("device: {e}"))?;
+    let (mut conn, _, initial) =
+        connect_and_get(&endpoint(hub, 0, o.mqtt_tls)?, &hub.info.hostname, &id, &keys[0], qos, &rec, slow)
+            .await
+            .map_err(|e| anyhow::anyhow!("device: {e}"))?;
     // The device: records (version, seq, receive time, send → receive µs) of every push. A slow device
     // sleeps in its MQTT event loop (it reads its socket slowly), not here.
     let seen: Arc<Mutex<Vec<(i64, u64, Instant, u64)>>> = Arc::default();
@@ -112,8 +113,21 @@ async fn run_on(o: &HotOpts, cluster: &Cluster) -> anyhow::Result<Value> {
         .collect();
     let s2 = seen.clone();
     let extra: crate::bench::progress::Extra = Arc::new(move || format!("pushes {}", s2.lock().unwrap().len()));
-    eprintln!("hot twin {id}: {} PATCH/s for {} s over {} HTTPS connections", o.rate, o.duration.as_secs(), o.concurrency);
-    let (_, open) = loadgen::open(workers, o.rate, rec.clone(), Phases { warmup: Duration::ZERO, duration: o.duration }, "hot-twin", Some(extra)).await;
+    eprintln!(
+        "hot twin {id}: {} PATCH/s for {} s over {} HTTPS connections",
+        o.rate,
+        o.duration.as_secs(),
+        o.concurrency
+    );
+    let (_, open) = loadgen::open(
+        workers,
+        o.rate,
+        rec.clone(),
+        Phases { warmup: Duration::ZERO, duration: o.duration },
+        "hot-twin",
+        Some(extra),
+    )
+    .await;
     let load_end = Instant::now();
     let summary = rec.summary();
     // Converge: the device must reach the committed final version.
@@ -164,12 +178,20 @@ async fn run_on(o: &HotOpts, cluster: &Cluster) -> anyhow::Result<Value> {
         "converged_s_after_load": converged_after,
         "series": summary.series,
     });
-    println!("\nhot twin: {} PATCH/s target to one twin for {} s, {} connections", o.rate, o.duration.as_secs(), o.concurrency);
+    println!(
+        "\nhot twin: {} PATCH/s target to one twin for {} s, {} connections",
+        o.rate,
+        o.duration.as_secs(),
+        o.concurrency
+    );
     if let Some(p) = &patch {
         println!("  patches acked {patches} ({:.0}/s), latency p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms, backlog at end {}",
             summary.total.per_s, p.latency.p50_ms, p.latency.p90_ms, p.latency.p99_ms, p.latency.p999_ms, open.backlog_at_end);
     }
-    println!("  pushes received {pushes} → coalescing ratio {:.2} patches per push", if pushes > 0 { patches as f64 / pushes as f64 } else { 0.0 });
+    println!(
+        "  pushes received {pushes} → coalescing ratio {:.2} patches per push",
+        if pushes > 0 { patches as f64 / pushes as f64 } else { 0.0 }
+    );
     if let Some(l) = &send_to_recv {
         println!("  push send → device p50 {:.2} ms p99 {:.2} ms max {:.2} ms", l.p50_ms, l.p99_ms, l.max_ms);
     }
@@ -177,7 +199,11 @@ async fn run_on(o: &HotOpts, cluster: &Cluster) -> anyhow::Result<Value> {
         converged_after);
     println!("  errors {:?}", summary.errors);
     let svg = svg_path(&o.out, o.svg.as_deref());
-    crate::bench::plot::write_svg(&svg, &format!("twinhub hot twin: {} PATCH/s to one twin", o.rate), &[crate::bench::plot::Run { label: "patches".into(), series: &summary.series }])?;
+    crate::bench::plot::write_svg(
+        &svg,
+        &format!("twinhub hot twin: {} PATCH/s to one twin", o.rate),
+        &[crate::bench::plot::Run { label: "patches".into(), series: &summary.series }],
+    )?;
     eprintln!("wrote {}", svg.display());
     Ok(out)
 }

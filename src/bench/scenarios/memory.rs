@@ -31,7 +31,12 @@ pub struct MemoryOpts {
 fn mem_available_mb() -> f64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<f64>().ok()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
         .map(|kib| kib / 1024.0)
         .unwrap_or(f64::MAX)
 }
@@ -48,7 +53,12 @@ fn marginal_bytes_per_twin(curve: &[Value]) -> Option<Vec<f64>> {
     }
     let ra = a["rss_mb"].as_array()?;
     let rb = b["rss_mb"].as_array()?;
-    Some(ra.iter().zip(rb).map(|(x, y)| (y.as_f64().unwrap_or(0.0) - x.as_f64().unwrap_or(0.0)) * 1048576.0 / (tb - ta)).collect())
+    Some(
+        ra.iter()
+            .zip(rb)
+            .map(|(x, y)| (y.as_f64().unwrap_or(0.0) - x.as_f64().unwrap_or(0.0)) * 1048576.0 / (tb - ta))
+            .collect(),
+    )
 }
 
 fn per_node(pids: &[u32]) -> Vec<f64> {
@@ -66,7 +76,13 @@ pub async fn run(o: MemoryOpts) -> anyhow::Result<Value> {
     let v = r?;
     write_json(&o.out, &v)?;
     let svg = o.out.with_extension("svg");
-    crate::bench::plot::write_xy_svg(&svg, "(e) resident memory per node while loading twins", "twins (each node holds all)", "RSS MB", &rss_lines(&v))?;
+    crate::bench::plot::write_xy_svg(
+        &svg,
+        "(e) resident memory per node while loading twins",
+        "twins (each node holds all)",
+        "RSS MB",
+        &rss_lines(&v),
+    )?;
     eprintln!("wrote {}", svg.display());
     Ok(v)
 }
@@ -88,7 +104,12 @@ fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
 
 /// Creates `keys` with one desired value each (`{"fb": value}`, as the update benches write) through
 /// bulk registry calls of 100, `concurrency` calls at a time. Returns (seconds, failed calls).
-async fn bulk_populate(hub: &crate::bench::hub::Hub, keys: &[String], value: SizeDist, concurrency: usize) -> anyhow::Result<(f64, u64)> {
+async fn bulk_populate(
+    hub: &crate::bench::hub::Hub,
+    keys: &[String],
+    value: SizeDist,
+    concurrency: usize,
+) -> anyhow::Result<(f64, u64)> {
     use crate::bench::hub::BulkDevice;
     use crate::bench::scenarios::fleet::BULK;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -162,7 +183,10 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::bench::peers::twinhub::Twin
         done = end;
         let rss = per_node(&pids);
         let avail = mem_available_mb();
-        eprintln!("  {done} twins: node RSS {rss:.0?} MB, machine MemAvailable {avail:.0} MB, {:.0} twins/s", done as f64 / populate_s);
+        eprintln!(
+            "  {done} twins: node RSS {rss:.0?} MB, machine MemAvailable {avail:.0} MB, {:.0} twins/s",
+            done as f64 / populate_s
+        );
         curve.push(json!({"twins": done, "rss_mb": rss, "mem_available_mb": avail, "elapsed_s": populate_s}));
         if avail < o.min_available_mb as f64 && done < o.twins {
             stopped_early = Some(format!(
@@ -176,12 +200,10 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::bench::peers::twinhub::Twin
     let twins_done = done;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = per_node(&pids);
-    let data_mb: Vec<f64> = cluster.hub.info.nodes.iter().map(|n| n.data_dir.as_ref().map(|d| procs::du_mb(d)).unwrap_or(0.0)).collect();
-    let bytes_per_twin: Vec<f64> = before
-        .iter()
-        .zip(&after)
-        .map(|(b, a)| (a - b) * 1024.0 * 1024.0 / twins_done.max(1) as f64)
-        .collect();
+    let data_mb: Vec<f64> =
+        cluster.hub.info.nodes.iter().map(|n| n.data_dir.as_ref().map(|d| procs::du_mb(d)).unwrap_or(0.0)).collect();
+    let bytes_per_twin: Vec<f64> =
+        before.iter().zip(&after).map(|(b, a)| (a - b) * 1024.0 * 1024.0 / twins_done.max(1) as f64).collect();
     let mean_bpt = bytes_per_twin.iter().sum::<f64>() / bytes_per_twin.len().max(1) as f64;
     println!("\nmemory: {twins_done} twins (values {} B) on 3 nodes, each node a replica of every shard", o.value);
     if let Some(s) = &stopped_early {

@@ -80,15 +80,18 @@ pub async fn connect_range(
     let mut tasks = Vec::with_capacity(to - from);
     for i in from..to {
         let ep = endpoint(hub, i, tls)?;
-        let (host, key, sem, report, done) = (hub.info.hostname.clone(), keys[i].clone(), sem.clone(), report.clone(), done.clone());
+        let (host, key, sem, report, done) =
+            (hub.info.hostname.clone(), keys[i].clone(), sem.clone(), report.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await.ok()?;
             let r = mqtt::connect_device(&ep, &host, &key_of(i), &key, None).await;
             let r = match r {
-                Ok(mut c) if subscribe => match c.subscribe("$iothub/twin/PATCH/properties/desired/#", QoS::AtLeastOnce).await {
-                    Ok(()) => Ok(c),
-                    Err(e) => Err(e),
-                },
+                Ok(mut c) if subscribe => {
+                    match c.subscribe("$iothub/twin/PATCH/properties/desired/#", QoS::AtLeastOnce).await {
+                        Ok(()) => Ok(c),
+                        Err(e) => Err(e),
+                    }
+                }
                 other => other,
             };
             let mut g = report.lock().unwrap();
@@ -147,12 +150,23 @@ fn count_closed(conns: &mut [mqtt::Conn]) -> usize {
 
 /// The hidden `storm-worker` command: one process's share of the storm.
 #[allow(clippy::too_many_arguments)]
-pub async fn worker(cluster: &Path, keys_file: &Path, from: usize, to: usize, concurrency: usize, tls: bool, subscribe: bool, start_at_us: u64, hold_until_us: u64) -> anyhow::Result<()> {
+pub async fn worker(
+    cluster: &Path,
+    keys_file: &Path,
+    from: usize,
+    to: usize,
+    concurrency: usize,
+    tls: bool,
+    subscribe: bool,
+    start_at_us: u64,
+    hold_until_us: u64,
+) -> anyhow::Result<()> {
     let nofile = procs::raise_nofile((to - from) as u64 + 1024);
     let hub = Hub::load(cluster)?;
     let keys: Vec<String> = serde_json::from_str(&std::fs::read_to_string(keys_file)?)?;
     let label = format!("worker {from}..{to}");
-    let (mut conns, mut report) = connect_range(&hub, &keys, from, to, concurrency, tls, subscribe, start_at_us, &label).await?;
+    let (mut conns, mut report) =
+        connect_range(&hub, &keys, from, to, concurrency, tls, subscribe, start_at_us, &label).await?;
     let now = unix_micros();
     if hold_until_us > now {
         tokio::time::sleep(Duration::from_micros(hold_until_us - now)).await;
@@ -194,17 +208,24 @@ async fn run_on(o: &StormOpts, cluster: &Cluster, nofile: u64) -> anyhow::Result
     let needed = o.devices.div_ceil(per_proc_max);
     let procs_n = o.procs.max(needed).max(1);
     if procs_n > o.procs {
-        eprintln!("RLIMIT_NOFILE {nofile} allows ~{per_proc_max} connections per process: using {procs_n} client processes");
+        eprintln!(
+            "RLIMIT_NOFILE {nofile} allows ~{per_proc_max} connections per process: using {procs_n} client processes"
+        );
     }
     let per_proc_conc = (o.connect_concurrency / procs_n).max(1);
-    eprintln!("connecting {} devices from {procs_n} process(es), {} handshakes in flight in all", o.devices, per_proc_conc * procs_n);
+    eprintln!(
+        "connecting {} devices from {procs_n} process(es), {} handshakes in flight in all",
+        o.devices,
+        per_proc_conc * procs_n
+    );
     let start_at = unix_micros() + 3_000_000;
     let mut reports: Vec<WorkerReport> = Vec::new();
     let rss_after;
     let alive: Vec<bool>;
     if procs_n == 1 {
         let (mut conns, mut rep) =
-            connect_range(hub, &keys, 0, o.devices, o.connect_concurrency, o.mqtt_tls, o.subscribe, start_at, "storm").await?;
+            connect_range(hub, &keys, 0, o.devices, o.connect_concurrency, o.mqtt_tls, o.subscribe, start_at, "storm")
+                .await?;
         eprintln!("{}/{} connected; holding {} s", conns.len(), o.devices, o.hold.as_secs());
         tokio::time::sleep(o.hold).await;
         rss_after = procs::rss_of(&pids);
@@ -307,10 +328,18 @@ async fn run_on(o: &StormOpts, cluster: &Cluster, nofile: u64) -> anyhow::Result
     let series: Vec<Second> = per_sec
         .iter()
         .enumerate()
-        .map(|(i, n)| Second { t_s: (i + 1) as f64, ops_per_s: *n as f64, errors: 0, p50_ms: 0.0, p99_ms: 0.0, by_op: BTreeMap::new() })
+        .map(|(i, n)| Second {
+            t_s: (i + 1) as f64,
+            ops_per_s: *n as f64,
+            errors: 0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            by_op: BTreeMap::new(),
+        })
         .collect();
     let connect = LatencySummary::of(&h);
-    let per_conn_kib = if connected > 0 { (rss_after.rss_mb - rss_before.rss_mb) * 1024.0 / connected as f64 } else { 0.0 };
+    let per_conn_kib =
+        if connected > 0 { (rss_after.rss_mb - rss_before.rss_mb) * 1024.0 / connected as f64 } else { 0.0 };
     let out = json!({
         "scenario": "(c) connect storm",
         "target": "twinhub",
@@ -336,16 +365,33 @@ async fn run_on(o: &StormOpts, cluster: &Cluster, nofile: u64) -> anyhow::Result
         "server_kib_per_connection": per_conn_kib,
         "series": series,
     });
-    println!("\nconnect storm: {} devices over MQTT ({}), {} handshakes in flight from {procs_n} client process(es)",
-        o.devices, if o.mqtt_tls { "TLS" } else { "plain TCP" }, per_proc_conc * procs_n);
+    println!(
+        "\nconnect storm: {} devices over MQTT ({}), {} handshakes in flight from {procs_n} client process(es)",
+        o.devices,
+        if o.mqtt_tls { "TLS" } else { "plain TCP" },
+        per_proc_conc * procs_n
+    );
     println!("  registry: {} devices in {:.1}s ({:.0}/s)", o.devices, create_s, o.devices as f64 / create_s.max(1e-6));
-    println!("  connected {connected}, failed {}, in {storm_s:.1}s → {:.0} connects/s", o.devices - connected, connected as f64 / storm_s);
-    println!("  connect latency p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms",
-        connect.p50_ms, connect.p90_ms, connect.p99_ms, connect.p999_ms, connect.max_ms);
+    println!(
+        "  connected {connected}, failed {}, in {storm_s:.1}s → {:.0} connects/s",
+        o.devices - connected,
+        connected as f64 / storm_s
+    );
+    println!(
+        "  connect latency p50 {:.2} ms p90 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms",
+        connect.p50_ms, connect.p90_ms, connect.p99_ms, connect.p999_ms, connect.max_ms
+    );
     println!("  errors {errors:?}; closed during hold {closed}; nodes alive {alive:?}");
-    println!("  server RSS {:.0} MB → {:.0} MB ({per_conn_kib:.1} KiB per connection)", rss_before.rss_mb, rss_after.rss_mb);
+    println!(
+        "  server RSS {:.0} MB → {:.0} MB ({per_conn_kib:.1} KiB per connection)",
+        rss_before.rss_mb, rss_after.rss_mb
+    );
     let svg = svg_path(&o.out, o.svg.as_deref());
-    crate::bench::plot::write_svg(&svg, &format!("twinhub connect storm: {} devices (connects per second)", o.devices), &[crate::bench::plot::Run { label: "connects".into(), series: &series }])?;
+    crate::bench::plot::write_svg(
+        &svg,
+        &format!("twinhub connect storm: {} devices (connects per second)", o.devices),
+        &[crate::bench::plot::Run { label: "connects".into(), series: &series }],
+    )?;
     eprintln!("wrote {}", svg.display());
     Ok(out)
 }

@@ -82,8 +82,18 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         summaries.push((label, s));
     }
     drop(workers);
-    println!("\nlatency sweep ({}): {} twins, values {} B, {} connections, {} s per phase", target.name(), o.twins, o.value, o.concurrency, o.duration.as_secs());
-    println!("{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8}", "phase", "target/s", "achieved/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "errors", "backlog");
+    println!(
+        "\nlatency sweep ({}): {} twins, values {} B, {} connections, {} s per phase",
+        target.name(),
+        o.twins,
+        o.value,
+        o.concurrency,
+        o.duration.as_secs()
+    );
+    println!(
+        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8}",
+        "phase", "target/s", "achieved/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "errors", "backlog"
+    );
     for p in &phases {
         println!(
             "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8}",
@@ -99,8 +109,13 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         );
     }
     let svg = svg_path(&o.out, o.svg.as_deref());
-    let runs: Vec<crate::bench::plot::Run> = summaries.iter().map(|(l, s)| crate::bench::plot::Run { label: l.clone(), series: &s.series }).collect();
-    crate::bench::plot::write_svg(&svg, &format!("{} latency sweep: max, then open loop at % of max", target.name()), &runs)?;
+    let runs: Vec<crate::bench::plot::Run> =
+        summaries.iter().map(|(l, s)| crate::bench::plot::Run { label: l.clone(), series: &s.series }).collect();
+    crate::bench::plot::write_svg(
+        &svg,
+        &format!("{} latency sweep: max, then open loop at % of max", target.name()),
+        &runs,
+    )?;
     eprintln!("wrote {}", svg.display());
     Ok(json!({
         "scenario": "(b) latency at % of maximum throughput",

@@ -85,11 +85,7 @@ impl Target for Etcd {
                     if let Some(t) = created_tx.take() {
                         let _ = t.send(());
                     }
-                    let n = v
-                        .pointer("/result/events")
-                        .and_then(|e| e.as_array())
-                        .map(|a| a.len() as u64)
-                        .unwrap_or(0);
+                    let n = v.pointer("/result/events").and_then(|e| e.as_array()).map(|a| a.len() as u64).unwrap_or(0);
                     if n > 0 {
                         counts.notifications.fetch_add(1, Ordering::Relaxed);
                         counts.changes.fetch_add(n, Ordering::Relaxed);
@@ -123,11 +119,8 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 
 impl Client for EtcdClient {
     async fn update(&mut self, key: &str, value: &str) -> Result<(), OpError> {
-        let body = format!(
-            "{{\"key\":\"{}\",\"value\":\"{}\"}}",
-            B64.encode(format!("{PREFIX}{key}")),
-            B64.encode(value)
-        );
+        let body =
+            format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", B64.encode(format!("{PREFIX}{key}")), B64.encode(value));
         let r = self.conn.request("POST", "/v3/kv/put", &[], Some(Bytes::from(body))).await?;
         if r.status != 200 {
             let text = String::from_utf8_lossy(&r.body[..r.body.len().min(300)]).to_string();

@@ -105,7 +105,8 @@ impl NatsConn {
                 return Err(OpError::new("nats_err", l));
             }
             let parts: Vec<&str> = l.split_ascii_whitespace().collect();
-            let num = |s: &str| s.parse::<usize>().map_err(|_| OpError::new("protocol", format!("bad header line {l}")));
+            let num =
+                |s: &str| s.parse::<usize>().map_err(|_| OpError::new("protocol", format!("bad header line {l}")));
             let (subject, hlen, total) = match parts.first().copied() {
                 Some("MSG") if parts.len() == 4 || parts.len() == 5 => (parts[1], 0, num(parts[parts.len() - 1])?),
                 Some("HMSG") if parts.len() == 5 || parts.len() == 6 => {

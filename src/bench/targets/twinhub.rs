@@ -48,7 +48,12 @@ impl Target for Twinhub {
             addr: crate::bench::http::addr(events)?,
             tls: Some((self.hub.tls.config.clone(), self.hub.info.hostname.clone())),
         };
-        let pass = sas::service_sas(&self.hub.info.hostname, "iothubowner", &self.hub.info.owner_key, sas::unix_now() + 86_400)?;
+        let pass = sas::service_sas(
+            &self.hub.info.hostname,
+            "iothubowner",
+            &self.hub.info.owner_key,
+            sas::unix_now() + 86_400,
+        )?;
         let id = format!("twinhub-bench-watch-{}", rand::random::<u32>());
         let mut conn = mqtt::connect(&ep, &id, "iothubowner", &pass, Duration::from_secs(60), None)
             .await
@@ -77,7 +82,8 @@ impl Target for Twinhub {
     }
 
     fn watch_kind(&self) -> String {
-        "event broker of node 1: MQTT over TLS, SUBSCRIBE twin-changes/# QoS 0 (\"merged\" counts coalesced changes)".into()
+        "event broker of node 1: MQTT over TLS, SUBSCRIBE twin-changes/# QoS 0 (\"merged\" counts coalesced changes)"
+            .into()
     }
 }
 

@@ -17,8 +17,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use super::undo::{remove_any, Journal, LossReport};
@@ -100,7 +101,14 @@ impl PowerFs {
         let root_ino = std::fs::metadata(tree)?.ino();
         let mut paths = HashMap::new();
         paths.insert(1, tree.to_path_buf());
-        let st = State { journal: Journal::new(trash.to_path_buf())?, paths, handles: HashMap::new(), next_fh: 1, root_ino, refused: Vec::new() };
+        let st = State {
+            journal: Journal::new(trash.to_path_buf())?,
+            paths,
+            handles: HashMap::new(),
+            next_fh: 1,
+            root_ino,
+            refused: Vec::new(),
+        };
         Ok(PowerFs { state: Arc::new(Mutex::new(st)) })
     }
 
@@ -214,7 +222,16 @@ impl Filesystem for PowerFs {
         reply.error(Errno::EINVAL)
     }
 
-    fn mknod(&self, _req: &Request, _parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, _rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
         self.lock().refused.push(format!("mknod {name:?}"));
         reply.error(Errno::EPERM)
     }
@@ -247,7 +264,16 @@ impl Filesystem for PowerFs {
         reply.error(Errno::EPERM)
     }
 
-    fn rename(&self, _req: &Request, parent: INodeNo, name: &OsStr, newparent: INodeNo, newname: &OsStr, flags: RenameFlags, reply: ReplyEmpty) {
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
         let mut st = self.lock();
         let res = (|| -> Result<(), Errno> {
             if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
@@ -268,7 +294,9 @@ impl Filesystem for PowerFs {
                 match (fm.is_dir(), tm.is_dir()) {
                     (false, true) => return Err(Errno::EISDIR),
                     (true, false) => return Err(Errno::ENOTDIR),
-                    (true, true) if std::fs::read_dir(&to).map_err(errno)?.next().is_some() => return Err(Errno::ENOTEMPTY),
+                    (true, true) if std::fs::read_dir(&to).map_err(errno)?.next().is_some() => {
+                        return Err(Errno::ENOTEMPTY)
+                    }
                     _ => {}
                 }
                 let trash = st.journal.trash_path();
@@ -330,7 +358,17 @@ impl Filesystem for PowerFs {
         }
     }
 
-    fn read(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, size: u32, _flags: OpenFlags, _lock: Option<LockOwner>, reply: ReplyData) {
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
         let st = self.lock();
         let Some((_, f)) = st.handles.get(&fh.0) else { return reply.error(Errno::EBADF) };
         let mut buf = vec![0u8; size as usize];
@@ -374,7 +412,16 @@ impl Filesystem for PowerFs {
         reply.ok()
     }
 
-    fn release(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, _lock: Option<LockOwner>, _flush: bool, reply: ReplyEmpty) {
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
         let mut st = self.lock();
         st.handles.remove(&fh.0);
         st.collect_trash();
@@ -439,14 +486,32 @@ impl Filesystem for PowerFs {
         if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
             return reply.error(errno(io::Error::last_os_error()));
         }
-        reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namemax as u32, s.f_frsize as u32)
+        reply.statfs(
+            s.f_blocks,
+            s.f_bfree,
+            s.f_bavail,
+            s.f_files,
+            s.f_ffree,
+            s.f_bsize as u32,
+            s.f_namemax as u32,
+            s.f_frsize as u32,
+        )
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
         reply.ok()
     }
 
-    fn create(&self, _req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let mut st = self.lock();
         let res = (|| -> Result<(FileAttr, u64), Errno> {
             let p = child(&st, parent, name)?;
@@ -483,7 +548,16 @@ impl Filesystem for PowerFs {
         }
     }
 
-    fn fallocate(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         let mut st = self.lock();
         let st = &mut *st;
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {

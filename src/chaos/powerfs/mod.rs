@@ -71,7 +71,8 @@ fn run(backing: &Path, mount: &Path, tear: bool) -> anyhow::Result<()> {
         }
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
-    let session = fuser::spawn_mount(fs, mount, &cfg).with_context(|| format!("mounting the power-loss file system at {}", mount.display()))?;
+    let session = fuser::spawn_mount(fs, mount, &cfg)
+        .with_context(|| format!("mounting the power-loss file system at {}", mount.display()))?;
     eprintln!("twinhub chaos-fs: {} mounted over {}", mount.display(), tree.display());
     let mut sig: libc::c_int = 0;
     // SAFETY: `set` is initialised above, `sig` a valid out pointer.
@@ -106,7 +107,9 @@ fn run(backing: &Path, mount: &Path, tear: bool) -> anyhow::Result<()> {
             eprintln!("twinhub chaos-fs: refused (cannot be undone): {r}");
         }
     }
-    session.umount_and_join().with_context(|| format!("unmounting {} (does a process still use it?)", mount.display()))?;
+    session
+        .umount_and_join()
+        .with_context(|| format!("unmounting {} (does a process still use it?)", mount.display()))?;
     let _ = std::fs::remove_dir_all(&trash);
     Ok(())
 }

@@ -115,7 +115,14 @@ impl Journal {
     /// A journal whose removed entries wait in `trash_dir` (created if missing; outside the tree).
     pub fn new(trash_dir: PathBuf) -> io::Result<Journal> {
         std::fs::create_dir_all(&trash_dir)?;
-        Ok(Journal { trash_dir, trash_seq: 0, files: HashMap::new(), ops: Vec::new(), durable_trash: HashMap::new(), last_write: None })
+        Ok(Journal {
+            trash_dir,
+            trash_seq: 0,
+            files: HashMap::new(),
+            ops: Vec::new(),
+            durable_trash: HashMap::new(),
+            last_write: None,
+        })
     }
 
     fn record(&mut self, ino: u64, f: &File) -> io::Result<&mut FileUndo> {
@@ -253,7 +260,9 @@ impl Journal {
         let files = std::mem::take(&mut self.files);
         for (ino, rec) in files {
             let Some(path) = path_of(ino) else {
-                rep.notes.push(format!("inode {ino}: unsynced changes but no path (deleted for good); nothing to roll back"));
+                rep.notes.push(format!(
+                    "inode {ino}: unsynced changes but no path (deleted for good); nothing to roll back"
+                ));
                 continue;
             };
             let res = (|| -> io::Result<u64> {

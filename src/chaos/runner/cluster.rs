@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use crate::chaos::runner::https::{make_certs, HttpsClient};
 use crate::chaos::runner::net;
-use crate::say;
 use crate::chaos::runner::util::random_key;
+use crate::say;
 
 pub const HOSTNAME: &str = "localhost";
 const HTTP_PORT: u16 = 8443;
@@ -80,7 +80,8 @@ pub struct Cluster {
 
 /// Unmounts the node disks of an earlier run (listed in the mounts file, or under `dir`).
 pub fn unmount_stale(dir: &Path) {
-    let mut points: Vec<String> = std::fs::read_to_string(mounts_file()).unwrap_or_default().lines().map(str::to_string).collect();
+    let mut points: Vec<String> =
+        std::fs::read_to_string(mounts_file()).unwrap_or_default().lines().map(str::to_string).collect();
     let dir_s = dir.to_string_lossy().to_string();
     for line in std::fs::read_to_string("/proc/mounts").unwrap_or_default().lines() {
         if let Some(mp) = line.split_whitespace().nth(1) {
@@ -120,11 +121,17 @@ impl Cluster {
         let certs = make_certs(&cfg.dir.join("tls"), &names)?;
         let ca_pem = std::fs::read(&certs.ca)?;
         let tls = crate::chaos::runner::https::client_config(&ca_pem)?;
-        let peers = ids.iter().map(|id| format!("{id}={}:{CLUSTER_PORT}", net::node_ip(*id))).collect::<Vec<_>>().join(",");
+        let peers =
+            ids.iter().map(|id| format!("{id}={}:{CLUSTER_PORT}", net::node_ip(*id))).collect::<Vec<_>>().join(",");
         // Inter-node mutual TLS, as in production: a cluster CA and one certificate per node.
         let (cluster_ca, cluster_ca_key) = crate::tls::cluster::ensure_cluster_ca(&cfg.dir.join("tls"))?;
         for &id in &ids {
-            crate::tls::cluster::issue_node_cert(&cluster_ca, &cluster_ca_key, id, &cfg.dir.join(format!("node-{id}")))?;
+            crate::tls::cluster::issue_node_cert(
+                &cluster_ca,
+                &cluster_ca_key,
+                id,
+                &cfg.dir.join(format!("node-{id}")),
+            )?;
         }
         let mut nodes = Vec::new();
         let mut mounts = String::new();
@@ -133,7 +140,10 @@ impl Cluster {
             let node_dir = cfg.dir.join(format!("node-{id}"));
             let disk = node_dir.join("disk");
             std::fs::create_dir_all(&disk)?;
-            net::run("mount", &["-t", "tmpfs", "-o", &format!("size={}m", cfg.disk_mb), "tmpfs", &disk.to_string_lossy()])?;
+            net::run(
+                "mount",
+                &["-t", "tmpfs", "-o", &format!("size={}m", cfg.disk_mb), "tmpfs", &disk.to_string_lossy()],
+            )?;
             let data_dir = disk.join("data");
             std::fs::create_dir_all(&data_dir)?;
             mounts.push_str(&format!("{}\n{}\n", data_dir.display(), disk.display()));
@@ -167,7 +177,12 @@ impl Cluster {
             c.spawn(id)?;
         }
         let took = c.wait_healthy(Duration::from_secs(120)).await?;
-        say!("cluster of {} nodes ({} shards) healthy after {:.1}s", c.cfg.nodes, c.cfg.shard_count, took.as_secs_f64());
+        say!(
+            "cluster of {} nodes ({} shards) healthy after {:.1}s",
+            c.cfg.nodes,
+            c.cfg.shard_count,
+            took.as_secs_f64()
+        );
         Ok(c)
     }
 
@@ -225,7 +240,10 @@ impl Cluster {
                 bail!("node {id}: the power-loss file system exited at mount ({st}); see {}", n.powerfs_log.display());
             }
             if Instant::now() > deadline {
-                bail!("node {id}: the power-loss file system did not mount within 20 s; see {}", n.powerfs_log.display());
+                bail!(
+                    "node {id}: the power-loss file system did not mount within 20 s; see {}",
+                    n.powerfs_log.display()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -254,13 +272,17 @@ impl Cluster {
             if Instant::now() > deadline {
                 let _ = c.kill();
                 let _ = c.wait();
-                bail!("node {id}: the power-loss file system did not finish the drop within 30 s; see {}", log.display());
+                bail!(
+                    "node {id}: the power-loss file system did not finish the drop within 30 s; see {}",
+                    log.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let text = std::fs::read(&log).unwrap_or_default();
         let text = String::from_utf8_lossy(&text[from.min(text.len())..]).to_string();
-        let said: Vec<&str> = text.lines().filter(|l| l.contains("POWER LOSS") || l.contains("note:") || l.contains("refused")).collect();
+        let said: Vec<&str> =
+            text.lines().filter(|l| l.contains("POWER LOSS") || l.contains("note:") || l.contains("refused")).collect();
         if !st.success() {
             bail!("node {id}: the power-loss file system exited {st}: {}", said.join(" | "));
         }
@@ -497,7 +519,9 @@ impl Cluster {
             let shards = st["shards"].as_array().cloned().unwrap_or_default();
             for s in shards {
                 let shard = s["shard"].as_u64().unwrap_or(0) as u32;
-                let Some(l) = s["leader"].as_u64() else { return Err(format!("node {id}: shard {shard} without leader")) };
+                let Some(l) = s["leader"].as_u64() else {
+                    return Err(format!("node {id}: shard {shard} without leader"));
+                };
                 if *agreed.entry(shard).or_insert(l) != l {
                     return Err(format!("shard {shard}: nodes disagree on the leader"));
                 }

@@ -16,9 +16,9 @@ use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::chaos::{Op, OpKind, Outcome};
 use crate::chaos::runner::util::{device_sas, now_ns};
 use crate::chaos::runner::workload::{user_section, Shared, Values};
+use crate::chaos::{Op, OpKind, Outcome};
 
 const RES_PREFIX: &str = "$iothub/twin/res/";
 const PUSH_PREFIX: &str = "$iothub/twin/PATCH/properties/desired/";
@@ -92,13 +92,20 @@ impl DeviceConn {
                                 let status = rest.split('/').next().and_then(|s| s.parse().ok()).unwrap_or(0);
                                 let rid: Option<u64> = query_param(&p.topic, "$rid").and_then(|r| r.parse().ok());
                                 let version = query_param(&p.topic, "$version").and_then(|v| v.parse().ok());
-                                if let Some(tx) = rid.and_then(|r| pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&r)) {
+                                if let Some(tx) =
+                                    rid.and_then(|r| pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&r))
+                                {
                                     let _ = tx.send(Answer { status, version, body: p.payload.clone(), at });
                                 }
                             } else if p.topic.starts_with(PUSH_PREFIX) {
-                                let version: i64 = query_param(&p.topic, "$version").and_then(|v| v.parse().ok()).unwrap_or(-1);
+                                let version: i64 =
+                                    query_param(&p.topic, "$version").and_then(|v| v.parse().ok()).unwrap_or(-1);
                                 let patch: Value = serde_json::from_slice(&p.payload).unwrap_or(Value::Null);
-                                let patch = if patch.is_object() { patch } else { json!({"$unparsable": String::from_utf8_lossy(&p.payload)}) };
+                                let patch = if patch.is_object() {
+                                    patch
+                                } else {
+                                    json!({"$unparsable": String::from_utf8_lossy(&p.payload)})
+                                };
                                 last_push.fetch_max(version, Ordering::Relaxed);
                                 rec.push_via(
                                     Op {
@@ -166,7 +173,12 @@ impl DeviceConn {
     }
 
     /// Sends one twin request; `None` if the connection was already closed (nothing sent).
-    async fn request(&mut self, prefix: &str, payload: String, timeout: Duration) -> Option<(u64, Result<Answer, String>)> {
+    async fn request(
+        &mut self,
+        prefix: &str,
+        payload: String,
+        timeout: Duration,
+    ) -> Option<(u64, Result<Answer, String>)> {
         if self.is_closed() {
             return None;
         }
@@ -189,7 +201,9 @@ impl DeviceConn {
 
     /// A device GET; records it. Returns whether it succeeded.
     pub async fn get(&mut self, final_read: bool) -> bool {
-        let Some((invoke, r)) = self.request("$iothub/twin/GET/", String::new(), self.shared.timeout).await else { return false };
+        let Some((invoke, r)) = self.request("$iothub/twin/GET/", String::new(), self.shared.timeout).await else {
+            return false;
+        };
         let (outcome, complete) = match r {
             Ok(a) if a.status == 200 => match serde_json::from_slice::<Value>(&a.body) {
                 Ok(t) if t.is_object() => {
@@ -275,7 +289,10 @@ impl DeviceConn {
         }
         while self.last_push.load(Ordering::Relaxed) < target {
             if self.is_closed() {
-                return Err(format!("{} (connection {}): closed before the push of $version {target}", self.twin, self.client_id));
+                return Err(format!(
+                    "{} (connection {}): closed before the push of $version {target}",
+                    self.twin, self.client_id
+                ));
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(format!(
@@ -327,7 +344,10 @@ pub async fn device_worker(shared: Arc<Shared>, twin: String, key: String, seed:
                 let mut p = serde_json::Map::new();
                 p.insert("t".into(), json!(vals.fresh()));
                 if rng.gen_bool(0.3) {
-                    p.insert(["s", "u", "v"][rng.gen_range(0..3)].into(), if rng.gen_bool(0.2) { Value::Null } else { json!(vals.fresh()) });
+                    p.insert(
+                        ["s", "u", "v"][rng.gen_range(0..3)].into(),
+                        if rng.gen_bool(0.2) { Value::Null } else { json!(vals.fresh()) },
+                    );
                 }
                 conn.patch_reported(Value::Object(p)).await
             } else {

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::chaos::runner::cluster::Cluster;
 use crate::chaos::runner::net::{self, Direction};
-use crate::say;
 use crate::chaos::runner::util::{now_ns, secs};
+use crate::say;
 
 pub const SCENARIOS: [&str; 12] = [
     "kill-random-node",
@@ -155,7 +155,12 @@ impl Nemesis<'_> {
                 self.cluster.kill9(id).await;
                 tokio::time::sleep(self.timing.kill_down).await;
                 let how = self.restart(id).await;
-                self.record("sigkill", vec![id], format!("SIGKILL node {id}, down {:?}, restarted: {how}", self.timing.kill_down), start);
+                self.record(
+                    "sigkill",
+                    vec![id],
+                    format!("SIGKILL node {id}, down {:?}, restarted: {how}", self.timing.kill_down),
+                    start,
+                );
             }
             "kill-shard-leader" => {
                 let leaders = self.cluster.leaders().await;
@@ -180,10 +185,19 @@ impl Nemesis<'_> {
                 self.cluster.pause(id);
                 tokio::time::sleep(self.timing.pause).await;
                 self.cluster.resume(id);
-                self.record("sigstop", vec![id], format!("SIGSTOP node {id} (leader-heavy) for {:?}, then SIGCONT", self.timing.pause), start);
+                self.record(
+                    "sigstop",
+                    vec![id],
+                    format!("SIGSTOP node {id} (leader-heavy) for {:?}, then SIGCONT", self.timing.pause),
+                    start,
+                );
             }
             "partition-minority" | "partition-majority" => {
-                let id = if scenario == "partition-minority" { self.leader_light().await } else { self.cluster.leader_heavy().await };
+                let id = if scenario == "partition-minority" {
+                    self.leader_light().await
+                } else {
+                    self.cluster.leader_heavy().await
+                };
                 let others: Vec<u64> = ids.iter().copied().filter(|i| *i != id).collect();
                 let start = now_ns();
                 for o in &others {
@@ -222,7 +236,10 @@ impl Nemesis<'_> {
                 self.record(
                     "partition-bridge",
                     vec![a, bridge, c],
-                    format!("node {bridge} sees {a} and {c}, which do not see each other, for {:?}", self.timing.partition),
+                    format!(
+                        "node {bridge} sees {a} and {c}, which do not see each other, for {:?}",
+                        self.timing.partition
+                    ),
                     start,
                 );
             }
@@ -238,7 +255,10 @@ impl Nemesis<'_> {
                 self.record(
                     "one-way-loss",
                     vec![id],
-                    format!("node {id} (leader-heavy) receives nothing from {others:?} but can send to them, for {:?}", self.timing.partition),
+                    format!(
+                        "node {id} (leader-heavy) receives nothing from {others:?} but can send to them, for {:?}",
+                        self.timing.partition
+                    ),
                     start,
                 );
             }
@@ -248,7 +268,12 @@ impl Nemesis<'_> {
                     let start = now_ns();
                     let how_stop = self.cluster.stop(id, Duration::from_secs(20)).await;
                     let how = self.restart(id).await;
-                    self.record("restart", vec![id], format!("SIGTERM node {id} ({how_stop}), restarted: {how}"), start);
+                    self.record(
+                        "restart",
+                        vec![id],
+                        format!("SIGTERM node {id} ({how_stop}), restarted: {how}"),
+                        start,
+                    );
                     if let Err(e) = self.cluster.wait_healthy(Duration::from_secs(60)).await {
                         self.observe(format!("cluster not healthy 60 s after restarting node {id}: {e}"));
                     }
@@ -295,7 +320,10 @@ impl Nemesis<'_> {
             }
         }
         tokio::time::sleep(self.timing.kill_down).await;
-        let log_from: BTreeMap<u64, u64> = ids.iter().map(|id| (*id, std::fs::metadata(&self.cluster.node(*id).log).map(|m| m.len()).unwrap_or(0))).collect();
+        let log_from: BTreeMap<u64, u64> = ids
+            .iter()
+            .map(|id| (*id, std::fs::metadata(&self.cluster.node(*id).log).map(|m| m.len()).unwrap_or(0)))
+            .collect();
         for &id in &ids {
             if let Err(e) = self.cluster.spawn(id) {
                 self.observe(format!("node {id}: restart after the power loss failed: {e:#}"));
@@ -310,8 +338,12 @@ impl Nemesis<'_> {
                     let text = std::fs::read(&log).unwrap_or_default();
                     let from = (log_from[&id] as usize).min(text.len());
                     let text = String::from_utf8_lossy(&text[from..]).to_string();
-                    let errs: Vec<&str> = text.lines().filter(|l| l.contains("ERROR") || l.contains("twinhub:")).take(4).collect();
-                    self.observe(format!("node {id} did not come back after the power loss; it said: {}", errs.join(" || ")));
+                    let errs: Vec<&str> =
+                        text.lines().filter(|l| l.contains("ERROR") || l.contains("twinhub:")).take(4).collect();
+                    self.observe(format!(
+                        "node {id} did not come back after the power loss; it said: {}",
+                        errs.join(" || ")
+                    ));
                     if self.cluster.is_running(id) {
                         format!("node {id} not ready")
                     } else {
@@ -388,13 +420,21 @@ impl Nemesis<'_> {
         self.record(
             "disk-full",
             vec![id],
-            format!("node {id}'s data disk ({}) full for {:?}, then the filler deleted", disk.display(), self.timing.disk_full),
+            format!(
+                "node {id}'s data disk ({}) full for {:?}, then the filler deleted",
+                disk.display(),
+                self.timing.disk_full
+            ),
             start,
         );
         match (&exited, ready_lost_at) {
             (Some((t, st)), _) => self.observe(format!("node {id} exited {t:.1}s into the disk-full fault: {st}")),
-            (None, Some(t)) => self.observe(format!("node {id} kept running but stopped answering /ready {t:.1}s into the fault")),
-            (None, None) => self.observe(format!("node {id} kept running and answering /ready while its disk was full")),
+            (None, Some(t)) => {
+                self.observe(format!("node {id} kept running but stopped answering /ready {t:.1}s into the fault"))
+            }
+            (None, None) => {
+                self.observe(format!("node {id} kept running and answering /ready while its disk was full"))
+            }
         }
         // What the node said about it.
         let text = std::fs::read(&log).unwrap_or_default();
@@ -429,7 +469,10 @@ impl Nemesis<'_> {
             }
         }
         if recovered {
-            self.observe(format!("node {id} recovered by itself {:.1}s after space returned (no restart)", t.elapsed().as_secs_f64()));
+            self.observe(format!(
+                "node {id} recovered by itself {:.1}s after space returned (no restart)",
+                t.elapsed().as_secs_f64()
+            ));
         } else {
             let start = now_ns();
             let how_stop = if self.cluster.is_running(id) {
@@ -439,7 +482,12 @@ impl Nemesis<'_> {
                 "had exited".to_string()
             };
             let how = self.restart(id).await;
-            self.record("restart", vec![id], format!("restart of node {id} to recover from the full disk ({how_stop}); {how}"), start);
+            self.record(
+                "restart",
+                vec![id],
+                format!("restart of node {id} to recover from the full disk ({how_stop}); {how}"),
+                start,
+            );
         }
         // Its data must reopen cleanly.
         if let Err(e) = self.cluster.wait_healthy(Duration::from_secs(60)).await {
@@ -448,7 +496,12 @@ impl Nemesis<'_> {
         let start = now_ns();
         let how_stop = self.cluster.stop(id, Duration::from_secs(20)).await;
         let how = self.restart(id).await;
-        self.record("restart", vec![id], format!("integrity restart of node {id} after the disk-full fault ({how_stop}); {how}"), start);
+        self.record(
+            "restart",
+            vec![id],
+            format!("integrity restart of node {id} after the disk-full fault ({how_stop}); {how}"),
+            start,
+        );
         Ok(())
     }
 }

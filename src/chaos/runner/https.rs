@@ -12,7 +12,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
@@ -35,7 +37,8 @@ pub fn make_certs(dir: &Path, names: &[String]) -> Result<Certs> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.distinguished_name.push(DnType::CommonName, "twinhub chaos CA");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca_params.key_usages =
+        vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     validity(&mut ca_params, 30);
     let ca_cert = ca_params.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca_params, ca_key);
@@ -121,7 +124,9 @@ impl HttpsClient {
 
     async fn connect(&mut self) -> Result<(), HttpError> {
         let fut = async {
-            let tcp = tokio::net::TcpStream::connect(self.addr).await.map_err(|e| HttpError::NotSent(format!("connect: {e}")))?;
+            let tcp = tokio::net::TcpStream::connect(self.addr)
+                .await
+                .map_err(|e| HttpError::NotSent(format!("connect: {e}")))?;
             let _ = tcp.set_nodelay(true);
             let name = ServerName::try_from(self.host.clone()).map_err(|e| HttpError::NotSent(e.to_string()))?;
             let tls = self.tls.connect(name, tcp).await.map_err(|e| HttpError::NotSent(format!("tls: {e}")))?;
@@ -174,7 +179,8 @@ impl HttpsClient {
         if has_body {
             rb = rb.header("content-type", "application/json");
         }
-        let req = rb.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| HttpError::NotSent(e.to_string()))?;
+        let req =
+            rb.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| HttpError::NotSent(e.to_string()))?;
         let sender = self.sender.as_mut().expect("connected above");
         let fut = async {
             let resp = sender.send_request(req).await.map_err(|e| {
@@ -200,7 +206,13 @@ impl HttpsClient {
     }
 
     /// A request whose only interest is the answer (setup, status, probes): JSON body or an error text.
-    pub async fn json(&mut self, method: &str, path: &str, body: Option<&serde_json::Value>, timeout: Duration) -> Result<(u16, serde_json::Value), String> {
+    pub async fn json(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        timeout: Duration,
+    ) -> Result<(u16, serde_json::Value), String> {
         let raw = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
         match self.request(method, path, raw, &[], timeout).await {
             Ok(r) => Ok((r.status, serde_json::from_slice(&r.body).unwrap_or(serde_json::Value::Null))),

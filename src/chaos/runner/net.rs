@@ -18,7 +18,11 @@ const CHAIN: &str = "CHAOS";
 pub fn slot() -> u8 {
     static SLOT: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
     *SLOT.get_or_init(|| {
-        std::env::var("TWINHUB_CHAOS_NET").ok().and_then(|v| v.trim().parse::<u8>().ok()).filter(|s| *s <= 9).unwrap_or(0)
+        std::env::var("TWINHUB_CHAOS_NET")
+            .ok()
+            .and_then(|v| v.trim().parse::<u8>().ok())
+            .filter(|s| *s <= 9)
+            .unwrap_or(0)
     })
 }
 
@@ -72,7 +76,10 @@ pub fn our_namespaces() -> Vec<String> {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.strip_prefix(ns_prefix().as_str()).is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit())))
+        .filter(|n| {
+            n.strip_prefix(ns_prefix().as_str())
+                .is_some_and(|rest| !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit()))
+        })
         .map(str::to_string)
         .collect()
 }

@@ -10,9 +10,9 @@ use anyhow::Result;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::chaos::{History, Op, OpKind, Outcome, Report};
 use crate::chaos::runner::faults::FaultRecord;
 use crate::chaos::runner::util::{secs, shard_of};
+use crate::chaos::{History, Op, OpKind, Outcome, Report};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct IndexedOp {
@@ -152,7 +152,8 @@ fn outcome_name(o: &Outcome) -> &'static str {
 pub fn ops_by_kind(h: &History) -> BTreeMap<String, BTreeMap<String, usize>> {
     let mut m: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for op in &h.ops {
-        *m.entry(op.kind.name().to_string()).or_default().entry(outcome_name(&op.outcome).to_string()).or_default() += 1;
+        *m.entry(op.kind.name().to_string()).or_default().entry(outcome_name(&op.outcome).to_string()).or_default() +=
+            1;
     }
     m
 }
@@ -199,7 +200,13 @@ pub fn unavailability(h: &History, from: u64, to: u64, shard_count: u32, thresho
         if !twins_here {
             continue;
         }
-        let acks: Vec<u64> = h.ops.iter().filter(acked).filter(|o| shard_of(&o.twin, shard_count) == s).filter_map(|o| o.complete_ns).collect();
+        let acks: Vec<u64> = h
+            .ops
+            .iter()
+            .filter(acked)
+            .filter(|o| shard_of(&o.twin, shard_count) == s)
+            .filter_map(|o| o.complete_ns)
+            .collect();
         per_shard.insert(format!("shard {s}"), gaps(acks, from, to, threshold));
     }
     Unavailability { threshold_s: threshold, overall: gaps(all, from, to, threshold), per_shard }
@@ -217,7 +224,11 @@ pub fn summary(run: &RunReport) -> String {
         if run.passed { "PASSED" } else { "FAILED" }
     );
     let _ = writeln!(s, "binary: {}\n", run.binary);
-    let _ = writeln!(s, "{:<26} {:>6} {:>7} {:>6} {:>6} {:>6} {:>5} {:>9} {:>5}  verdict", "scenario", "ops", "acked-w", "ok", "failed", "unknwn", "viol", "unavail-s", "panic");
+    let _ = writeln!(
+        s,
+        "{:<26} {:>6} {:>7} {:>6} {:>6} {:>6} {:>5} {:>9} {:>5}  verdict",
+        "scenario", "ops", "acked-w", "ok", "failed", "unknwn", "viol", "unavail-s", "panic"
+    );
     for r in &run.scenarios {
         let count = |o: &str| r.ops_by_kind.values().map(|m| m.get(o).copied().unwrap_or(0)).sum::<usize>();
         let longest = r.unavailability.overall.iter().map(|w| w.secs).fold(0.0, f64::max);
@@ -277,11 +288,22 @@ pub fn summary(run: &RunReport) -> String {
                 f.leaders_before
             );
         }
-        let ws: Vec<String> = r.unavailability.overall.iter().map(|w| format!("{:.1}s..{:.1}s ({:.1}s)", w.start_s, w.end_s, w.secs)).collect();
-        let _ = writeln!(s, "  no write acknowledged at all (> {:.0}s): {}", r.unavailability.threshold_s, if ws.is_empty() { "never".into() } else { ws.join(", ") });
+        let ws: Vec<String> = r
+            .unavailability
+            .overall
+            .iter()
+            .map(|w| format!("{:.1}s..{:.1}s ({:.1}s)", w.start_s, w.end_s, w.secs))
+            .collect();
+        let _ = writeln!(
+            s,
+            "  no write acknowledged at all (> {:.0}s): {}",
+            r.unavailability.threshold_s,
+            if ws.is_empty() { "never".into() } else { ws.join(", ") }
+        );
         for (shard, w) in &r.unavailability.per_shard {
             if !w.is_empty() {
-                let ws: Vec<String> = w.iter().map(|w| format!("{:.1}s..{:.1}s ({:.1}s)", w.start_s, w.end_s, w.secs)).collect();
+                let ws: Vec<String> =
+                    w.iter().map(|w| format!("{:.1}s..{:.1}s ({:.1}s)", w.start_s, w.end_s, w.secs)).collect();
                 let _ = writeln!(s, "  {shard} unavailable: {}", ws.join(", "));
             }
         }
@@ -320,7 +342,13 @@ pub fn draw_timeline(path: &Path, scenarios: &[&ScenarioReport]) -> Result<()> {
     for (area, r) in panels.iter().zip(scenarios) {
         let dur = r.timeline.len() as f64;
         let max_y = r.timeline.iter().map(|b| b.ok.max(b.failed).max(b.unknown)).max().unwrap_or(1).max(1) as f64 * 1.1;
-        let title = format!("{} — {} ops, {} violations{}", r.label, r.ops, r.check.violations.len(), if r.passed { "" } else { " — FAIL" });
+        let title = format!(
+            "{} — {} ops, {} violations{}",
+            r.label,
+            r.ops,
+            r.check.violations.len(),
+            if r.passed { "" } else { " — FAIL" }
+        );
         let mut chart = ChartBuilder::on(area)
             .caption(title, ("sans-serif", 16))
             .margin(8)
@@ -338,13 +366,20 @@ pub fn draw_timeline(path: &Path, scenarios: &[&ScenarioReport]) -> Result<()> {
         for f in &r.faults {
             let (a, b) = (f.start_s - r.start_s, f.end_s - r.start_s);
             chart
-                .draw_series(std::iter::once(Rectangle::new([(a, 0.0), (b.max(a + 0.2), max_y)], RGBColor(120, 120, 255).mix(0.18).filled())))
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(a, 0.0), (b.max(a + 0.2), max_y)],
+                    RGBColor(120, 120, 255).mix(0.18).filled(),
+                )))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
         }
-        let series = |f: fn(&Bucket) -> u32| r.timeline.iter().map(move |b| (b.t + 0.5, f(b) as f64)).collect::<Vec<_>>();
+        let series =
+            |f: fn(&Bucket) -> u32| r.timeline.iter().map(move |b| (b.t + 0.5, f(b) as f64)).collect::<Vec<_>>();
         type Line = (&'static str, RGBColor, fn(&Bucket) -> u32);
-        let lines: [Line; 3] =
-            [("ok", RGBColor(30, 150, 30), |b| b.ok), ("failed", RGBColor(230, 140, 0), |b| b.failed), ("unknown", RGBColor(210, 30, 30), |b| b.unknown)];
+        let lines: [Line; 3] = [
+            ("ok", RGBColor(30, 150, 30), |b| b.ok),
+            ("failed", RGBColor(230, 140, 0), |b| b.failed),
+            ("unknown", RGBColor(210, 30, 30), |b| b.unknown),
+        ];
         for (name, color, f) in lines {
             chart
                 .draw_series(LineSeries::new(series(f), color.stroke_width(2)))

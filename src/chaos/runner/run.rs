@@ -14,8 +14,8 @@ use rand::{Rng, SeedableRng};
 use crate::chaos::runner::cluster::{cleanup_all, Cluster, ClusterConfig};
 use crate::chaos::runner::faults::SCENARIOS;
 use crate::chaos::runner::output::{write_all, RunReport, ScenarioReport};
-use crate::say;
 use crate::chaos::runner::scenario::{self, ScenarioOpts};
+use crate::say;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Profile {
@@ -93,7 +93,13 @@ pub async fn run(opts: RunOpts) -> Result<RunReport> {
         passed: false,
         scenarios: Vec::new(),
     };
-    say!("chaos run: profile {}, seed {}, dir {}, binary {}", report.profile, opts.seed, dir.display(), opts.bin.display());
+    say!(
+        "chaos run: profile {}, seed {}, dir {}, binary {}",
+        report.profile,
+        opts.seed,
+        dir.display(),
+        opts.bin.display()
+    );
     let mut cluster = Some(fresh_cluster(&opts, None).await?);
 
     let (sopts, deadline) = match opts.profile {

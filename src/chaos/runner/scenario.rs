@@ -12,14 +12,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::chaos::{check, History, OpKind, Outcome, TwinState};
 use crate::chaos::runner::cluster::{Cluster, HOSTNAME};
 use crate::chaos::runner::device::{device_worker, DeviceConn};
 use crate::chaos::runner::faults::{Nemesis, Timing};
 use crate::chaos::runner::output::{ops_by_kind, timeline, unavailability, IndexedOp, ScenarioReport, ViolationDetail};
-use crate::say;
 use crate::chaos::runner::util::{enc, now_ns, secs};
 use crate::chaos::runner::workload::{final_reads, http_worker, Recorder, Shared};
+use crate::chaos::{check, History, OpKind, Outcome, TwinState};
+use crate::say;
 
 #[derive(Clone, Debug)]
 pub struct ScenarioOpts {
@@ -103,7 +103,14 @@ async fn create_device(cluster: &Cluster, id: &str) -> Result<String> {
 
 /// Runs scenario `name` on `cluster`; writes `dir/<label>/history.json` (and the minimal sub-history
 /// of each violation) and returns the report.
-pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts: &ScenarioOpts, dir: &Path) -> Result<ScenarioReport> {
+pub async fn run(
+    cluster: &mut Cluster,
+    name: &str,
+    label: &str,
+    seed: u64,
+    opts: &ScenarioOpts,
+    dir: &Path,
+) -> Result<ScenarioReport> {
     let mut rng = StdRng::seed_from_u64(seed);
     let sdir = dir.join(label);
     std::fs::create_dir_all(&sdir)?;
@@ -139,7 +146,12 @@ pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts
     let workload_start = now_ns();
     let mut devices = Vec::new();
     for (i, (t, k)) in twins.iter().zip(&keys).enumerate() {
-        devices.push(tokio::spawn(device_worker(shared.clone(), t.clone(), k.clone(), seed.wrapping_mul(1000) + i as u64)));
+        devices.push(tokio::spawn(device_worker(
+            shared.clone(),
+            t.clone(),
+            k.clone(),
+            seed.wrapping_mul(1000) + i as u64,
+        )));
     }
     let mut workers = Vec::new();
     for (g, group) in twins.chunks(opts.group.max(1)).enumerate() {
@@ -148,13 +160,25 @@ pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts
             workers.push(tokio::spawn(http_worker(shared.clone(), group.to_vec(), s)));
         }
     }
-    say!("scenario {label}: workload of {} HTTP clients and {} devices on {} twins", workers.len(), devices.len(), twins.len());
+    say!(
+        "scenario {label}: workload of {} HTTP clients and {} devices on {} twins",
+        workers.len(),
+        devices.len(),
+        twins.len()
+    );
     tokio::time::sleep(opts.warmup).await;
 
     // The faults.
     let timing = if opts.random_timing { Timing::random(&mut rng) } else { Timing::short() };
     let mut nemesis_rng = StdRng::seed_from_u64(rng.gen());
-    let mut nem = Nemesis { cluster: &mut *cluster, rng: &mut nemesis_rng, timing, faults: Vec::new(), observations: Vec::new(), leaders_before: Default::default() };
+    let mut nem = Nemesis {
+        cluster: &mut *cluster,
+        rng: &mut nemesis_rng,
+        timing,
+        faults: Vec::new(),
+        observations: Vec::new(),
+        leaders_before: Default::default(),
+    };
     for round in 0..opts.rounds {
         if round > 0 {
             tokio::time::sleep(opts.gap).await;
@@ -188,7 +212,11 @@ pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts
             conns.push(c);
         }
     }
-    say!("scenario {label}: workload stopped after {:.1}s, {} ops; quiescing", secs(workload_end - workload_start), rec.len());
+    say!(
+        "scenario {label}: workload stopped after {:.1}s, {} ops; quiescing",
+        secs(workload_end - workload_start),
+        rec.len()
+    );
     for id in cluster.ids() {
         if let Some(st) = cluster.check_exited(id) {
             observations.push(format!("node {id} had exited by the end of the workload ({st}): restarting it"));
@@ -241,7 +269,11 @@ pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts
     // A twin with acknowledged writes that no node could read at the end (after a minute of retries)
     // has no final read for the checker to judge: the runner reports it, with the last answers.
     for t in &twins {
-        let acked = history.ops.iter().filter(|o| &o.twin == t && o.kind.is_write() && matches!(o.outcome, Outcome::Ok { .. })).count();
+        let acked = history
+            .ops
+            .iter()
+            .filter(|o| &o.twin == t && o.kind.is_write() && matches!(o.outcome, Outcome::Ok { .. }))
+            .count();
         if acked == 0 || history.ops.iter().any(|o| &o.twin == t && o.final_read) {
             continue;
         }
@@ -268,11 +300,25 @@ pub async fn run(cluster: &mut Cluster, name: &str, label: &str, seed: u64, opts
 
     let mut details = Vec::new();
     for (k, v) in report.violations.iter().enumerate() {
-        let sub: Vec<IndexedOp> = v.ops.iter().filter_map(|&i| history.ops.get(i).map(|op| IndexedOp { index: i, node: op_nodes.get(i).copied().flatten(), op: op.clone() })).collect();
+        let sub: Vec<IndexedOp> = v
+            .ops
+            .iter()
+            .filter_map(|&i| {
+                history.ops.get(i).map(|op| IndexedOp {
+                    index: i,
+                    node: op_nodes.get(i).copied().flatten(),
+                    op: op.clone(),
+                })
+            })
+            .collect();
         let file = sdir.join(format!("violation-{k}.json"));
         let sub_history = History {
             ops: sub.iter().map(|o| o.op.clone()).collect(),
-            initial: history.initial.get(&v.twin).map(|s| BTreeMap::from([(v.twin.clone(), s.clone())])).unwrap_or_default(),
+            initial: history
+                .initial
+                .get(&v.twin)
+                .map(|s| BTreeMap::from([(v.twin.clone(), s.clone())]))
+                .unwrap_or_default(),
         };
         std::fs::write(&file, serde_json::to_vec_pretty(&sub_history)?)?;
         details.push(ViolationDetail {

@@ -12,9 +12,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 
-use crate::chaos::{Op, OpKind, Outcome};
 use crate::chaos::runner::https::{HttpError, HttpsClient};
 use crate::chaos::runner::util::{enc, now_ns};
+use crate::chaos::{Op, OpKind, Outcome};
 
 /// Every op of a scenario (with the node it went to, when known), and the client ids handed out.
 #[derive(Default)]
@@ -97,7 +97,10 @@ pub fn classify(result: &Result<crate::chaos::runner::https::Response, HttpError
     match result {
         Ok(r) if r.status == 200 => match serde_json::from_slice::<Value>(&r.body) {
             Ok(t) if t.is_object() => (twin_outcome(&t), Some(at)),
-            _ => (Outcome::Unknown { reason: format!("200 without a twin: {}", String::from_utf8_lossy(&r.body)) }, Some(at)),
+            _ => (
+                Outcome::Unknown { reason: format!("200 without a twin: {}", String::from_utf8_lossy(&r.body)) },
+                Some(at),
+            ),
         },
         Ok(r) if (400..500).contains(&r.status) && r.status != 429 && r.status != 408 => {
             (Outcome::Failed { status: r.status, message: error_message(&r.body) }, Some(at))
@@ -110,7 +113,11 @@ pub fn classify(result: &Result<crate::chaos::runner::https::Response, HttpError
 
 fn error_message(body: &[u8]) -> String {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let m = v.get("Message").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| String::from_utf8_lossy(body).to_string());
+    let m = v
+        .get("Message")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| String::from_utf8_lossy(body).to_string());
     m.chars().take(200).collect()
 }
 
@@ -222,7 +229,8 @@ pub async fn http_worker(shared: Arc<Shared>, twins: Vec<String>, seed: u64) {
         if let Outcome::Ok { etag: Some(e), .. } = &outcome {
             etags.insert(twin.clone(), e.clone());
         }
-        let moved = !matches!(outcome, Outcome::Ok { .. } | Outcome::Failed { status: 400..=499, .. }) || rng.gen_bool(0.03);
+        let moved =
+            !matches!(outcome, Outcome::Ok { .. } | Outcome::Failed { status: 400..=499, .. }) || rng.gen_bool(0.03);
         shared.rec.push_via(
             Op { client: client_id, twin, invoke_ns: invoke, complete_ns: complete, kind, outcome, final_read: false },
             Some(shared.node_ids[node]),
@@ -305,7 +313,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(classify(&resp(412, r#"{"Message":"ErrorCode:PreconditionFailed;x"}"#), 1).0, Outcome::Failed { status: 412, .. }));
+        assert!(matches!(
+            classify(&resp(412, r#"{"Message":"ErrorCode:PreconditionFailed;x"}"#), 1).0,
+            Outcome::Failed { status: 412, .. }
+        ));
         assert!(matches!(classify(&resp(503, "{}"), 1), (Outcome::Unknown { .. }, Some(1))));
         assert!(matches!(classify(&resp(429, "{}"), 1).0, Outcome::Unknown { .. }));
         assert!(matches!(classify(&Err(HttpError::Sent("reset".into())), 1), (Outcome::Unknown { .. }, None)));

@@ -105,7 +105,9 @@ fn shown(a: &IdArgs) -> String {
 
 async fn show(a: &IdArgs) -> Result<Value, RemoteError> {
     let r = resolve(&a.target)?;
-    Ok(r.call(hyper::Method::GET, &identity_path("devices", &a.id, a.module.as_deref()), &[], Vec::new(), TIMEOUT).await?.1)
+    Ok(r.call(hyper::Method::GET, &identity_path("devices", &a.id, a.module.as_deref()), &[], Vec::new(), TIMEOUT)
+        .await?
+        .1)
 }
 
 async fn create(a: CreateArgs) -> Result<(), RemoteError> {

@@ -128,7 +128,8 @@ async fn schedule(target: &Target, s: &Schedule, mut body: Value) -> Result<(), 
 
 async fn list(a: ListArgs) -> Result<(), RemoteError> {
     let r = resolve(&a.target)?;
-    let (_, v) = r.call(hyper::Method::GET, &format!("/jobs/v2/query?api-version={API}"), &[], Vec::new(), TIMEOUT).await?;
+    let (_, v) =
+        r.call(hyper::Method::GET, &format!("/jobs/v2/query?api-version={API}"), &[], Vec::new(), TIMEOUT).await?;
     let mut jobs = v["items"].as_array().cloned().unwrap_or_default();
     jobs.sort_by(|x, y| cell(&x["createdTime"]).cmp(&cell(&y["createdTime"])));
     if a.json {

@@ -85,7 +85,8 @@ impl JsonInput {
             }
             (None, None) => return Err(RemoteError::Usage("give the JSON as an argument or with --file".into())),
         };
-        let v: Value = serde_json::from_str(&text).map_err(|e| RemoteError::Usage(format!("{from} is not JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| RemoteError::Usage(format!("{from} is not JSON: {e}")))?;
         if !v.is_object() {
             return Err(RemoteError::Usage(format!("{from} must be a JSON object")));
         }

@@ -64,7 +64,8 @@ pub async fn main(a: QueryArgs) -> Result<(), RemoteError> {
                 Output::Table => rows.push(item),
             }
         }
-        continuation = h.get("x-ms-continuation").and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty()).map(str::to_string);
+        continuation =
+            h.get("x-ms-continuation").and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty()).map(str::to_string);
         if continuation.is_none() || a.max.is_some_and(|m| count >= m) {
             break;
         }
@@ -94,7 +95,20 @@ fn table(rows: &[Value]) {
     }
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|r| columns.iter().map(|c| if r.is_object() { cell(&r[c.as_str()]) } else if c == "value" { cell(r) } else { String::new() }).collect())
+        .map(|r| {
+            columns
+                .iter()
+                .map(|c| {
+                    if r.is_object() {
+                        cell(&r[c.as_str()])
+                    } else if c == "value" {
+                        cell(r)
+                    } else {
+                        String::new()
+                    }
+                })
+                .collect()
+        })
         .collect();
     let names: Vec<&str> = columns.iter().map(String::as_str).collect();
     print_table(&names, &cells);

@@ -101,7 +101,13 @@ pub async fn main(a: WatchArgs) -> Result<(), RemoteError> {
 }
 
 /// Reads the feed until it ends (`false`) or `count` events were printed (`true`).
-async fn follow(r: &Remote, path: &str, position: &mut Option<String>, seen: &mut u64, count: Option<u64>) -> Result<bool, RemoteError> {
+async fn follow(
+    r: &Remote,
+    path: &str,
+    position: &mut Option<String>,
+    seen: &mut u64,
+    count: Option<u64>,
+) -> Result<bool, RemoteError> {
     let mut headers = vec![("accept", "text/event-stream".to_string())];
     if let Some(p) = position.as_ref() {
         headers.push(("last-event-id", p.clone()));
@@ -111,7 +117,12 @@ async fn follow(r: &Remote, path: &str, position: &mut Option<String>, seen: &mu
     let mut pending = Vec::<u8>::new();
     let mut msg = Message::default();
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| RemoteError::Unreachable(crate::cli::https::HttpsError::Http { addr: r.addr.to_string(), msg: e.to_string() }))?;
+        let frame = frame.map_err(|e| {
+            RemoteError::Unreachable(crate::cli::https::HttpsError::Http {
+                addr: r.addr.to_string(),
+                msg: e.to_string(),
+            })
+        })?;
         let Some(chunk) = frame.data_ref() else { continue };
         pending.extend_from_slice(chunk);
         while let Some(end) = pending.iter().position(|b| *b == b'\n') {
@@ -124,7 +135,9 @@ async fn follow(r: &Remote, path: &str, position: &mut Option<String>, seen: &mu
             }
             let event = done.event.unwrap_or_else(|| "message".into());
             if event == "resync" {
-                eprintln!("twinhub: the feed could not resume from the position asked for: re-read the twins you follow");
+                eprintln!(
+                    "twinhub: the feed could not resume from the position asked for: re-read the twins you follow"
+                );
             }
             if !print_line(&json!({"position": done.id, "event": event, "data": data})) {
                 return Ok(true);

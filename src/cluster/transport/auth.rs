@@ -171,7 +171,8 @@ impl ClusterSecret {
         headers.insert(HEADER_TS, HeaderValue::from(e.ts));
         headers.insert(HEADER_BODY_LEN, HeaderValue::from(e.body.len));
         // Hex and base64 are always valid header values.
-        for (name, value) in [(HEADER_NONCE, e.nonce.to_hex()), (HEADER_BODY_SHA256, hex(&e.body.sha256)), (HEADER_SIG, sig)]
+        for (name, value) in
+            [(HEADER_NONCE, e.nonce.to_hex()), (HEADER_BODY_SHA256, hex(&e.body.sha256)), (HEADER_SIG, sig)]
         {
             if let Ok(v) = HeaderValue::from_str(&value) {
                 headers.insert(name, v);
@@ -255,7 +256,13 @@ impl Claim {
         self.verify(secret, Direction::Response { status }, path, request_nonce)
     }
 
-    fn verify(&self, secret: &ClusterSecret, direction: Direction<'_>, path: &str, nonce: Nonce) -> Result<(), AuthError> {
+    fn verify(
+        &self,
+        secret: &ClusterSecret,
+        direction: Direction<'_>,
+        path: &str,
+        nonce: Nonce,
+    ) -> Result<(), AuthError> {
         let e = Envelope { direction, path, node: self.node, ts: self.ts, nonce, body: self.body };
         secret.mac(&e).verify_slice(&self.sig).map_err(|_| AuthError::BadSignature)
     }

@@ -52,7 +52,12 @@ pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers
         return;
     }
     // Only groups that still name `node` as leader matter; none, no probe.
-    let led: Vec<_> = groups.shards().into_iter().filter_map(|s| groups.get(s).map(|r| (s, r))).filter(|(_, r)| leader_of(r) == Some(node)).collect();
+    let led: Vec<_> = groups
+        .shards()
+        .into_iter()
+        .filter_map(|s| groups.get(s).map(|r| (s, r)))
+        .filter(|(_, r)| leader_of(r) == Some(node))
+        .collect();
     if led.is_empty() {
         return;
     }
@@ -60,7 +65,11 @@ pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers
         if !probe_gone(&peers, node).await {
             return;
         }
-        tracing::info!(node, groups = led.len(), "leader's process is gone (connection refused): campaigning without waiting for the election timeout");
+        tracing::info!(
+            node,
+            groups = led.len(),
+            "leader's process is gone (connection refused): campaigning without waiting for the election timeout"
+        );
         for (shard, raft) in led {
             let voters: Vec<NodeId> = {
                 let m = raft.metrics().borrow_watched().clone();

@@ -167,7 +167,12 @@ pub async fn serve(
                 },
             };
             let member = Arc::new(Mutex::new(None));
-            let conn_service = ConnService { service: service.clone(), permit: Arc::new(Mutex::new(permit)), certified, member: member.clone() };
+            let conn_service = ConnService {
+                service: service.clone(),
+                permit: Arc::new(Mutex::new(permit)),
+                certified,
+                member: member.clone(),
+            };
             let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
             let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), conn_service));
             tokio::select! {

@@ -170,7 +170,12 @@ mod tests {
     }
 
     fn cache(per_sender: usize, total: usize, senders: usize) -> NonceCache {
-        NonceCache::new(NonceLimits { window_ms: 1_000, max_per_sender: per_sender, max_total: total, max_senders: senders })
+        NonceCache::new(NonceLimits {
+            window_ms: 1_000,
+            max_per_sender: per_sender,
+            max_total: total,
+            max_senders: senders,
+        })
     }
 
     #[test]

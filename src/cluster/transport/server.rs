@@ -186,7 +186,12 @@ enum Outcome {
 static LAST_VERSION_WARNING: AtomicU64 = AtomicU64::new(0);
 
 impl RaftRpcService {
-    pub fn new(config: TransportConfig, groups: LocalGroups, handlers: CallHandlers, peers: Arc<super::peers::PeerTable>) -> RaftRpcService {
+    pub fn new(
+        config: TransportConfig,
+        groups: LocalGroups,
+        handlers: CallHandlers,
+        peers: Arc<super::peers::PeerTable>,
+    ) -> RaftRpcService {
         let inner = Inner {
             node_id: config.node_id,
             secret: config.secret.clone(),
@@ -207,18 +212,33 @@ impl RaftRpcService {
     /// then counts its connection as authenticated).
     /// `certified` is the node the connection's TLS client certificate names (`None` without TLS);
     /// `proven` is called with the sender once the request is known to come from a member.
-    pub async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Response<Full<Bytes>> {
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        certified: Option<NodeId>,
+        proven: impl FnOnce(NodeId),
+    ) -> Response<Full<Bytes>> {
         self.inner.handle(req, certified, proven).await
     }
 
     /// A connection from member `node` ended (see `failover`).
     pub fn connection_closed(&self, node: NodeId) {
-        super::failover::on_connection_closed(self.inner.node_id, node, self.inner.groups.clone(), self.inner.peers.clone());
+        super::failover::on_connection_closed(
+            self.inner.node_id,
+            node,
+            self.inner.groups.clone(),
+            self.inner.peers.clone(),
+        );
     }
 }
 
 impl Inner {
-    async fn handle(&self, req: Request<Incoming>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Response<Full<Bytes>> {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        certified: Option<NodeId>,
+        proven: impl FnOnce(NodeId),
+    ) -> Response<Full<Bytes>> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let endpoint = Endpoint::parse(&path);
@@ -229,7 +249,8 @@ impl Inner {
             Outcome::Refused(_) => "unknown".to_string(),
         };
         metrics::counter!("twinhub_rpc_server_requests_total", "kind" => kind, "peer" => from.clone()).increment(1);
-        metrics::histogram!("twinhub_rpc_server_request_duration_seconds", "kind" => kind).record(start.elapsed().as_secs_f64());
+        metrics::histogram!("twinhub_rpc_server_request_duration_seconds", "kind" => kind)
+            .record(start.elapsed().as_secs_f64());
         let error = |failure: &RpcFailure| {
             metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from.clone(), "error" => failure.label())
                 .increment(1);
@@ -293,7 +314,13 @@ impl Inner {
     }
 
     /// Authenticates and runs a request.
-    async fn dispatch(&self, req: Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>, proven: impl FnOnce(NodeId)) -> Outcome {
+    async fn dispatch(
+        &self,
+        req: Request<Incoming>,
+        endpoint: Option<Endpoint>,
+        certified: Option<NodeId>,
+        proven: impl FnOnce(NodeId),
+    ) -> Outcome {
         let (claim, endpoint) = match self.authenticate(&req, endpoint, certified) {
             Ok(c) => c,
             Err(r) => return Outcome::Refused(r),
@@ -321,7 +348,12 @@ impl Inner {
     }
 
     /// Steps 1–3 of the module doc: everything that needs no body.
-    fn authenticate(&self, req: &Request<Incoming>, endpoint: Option<Endpoint>, certified: Option<NodeId>) -> Result<(Claim, Endpoint), Refusal> {
+    fn authenticate(
+        &self,
+        req: &Request<Incoming>,
+        endpoint: Option<Endpoint>,
+        certified: Option<NodeId>,
+    ) -> Result<(Claim, Endpoint), Refusal> {
         if req.method() != Method::POST {
             return Err(Refusal::Method(req.method().clone()));
         }

@@ -137,13 +137,7 @@ impl TestNode {
 }
 
 fn put_device(id: &str) -> Command {
-    Command::new(
-        Op::PutDevice {
-            device: DeviceSpec::test_sas(id),
-            if_match: None,
-        },
-        1_700_000_000_000,
-    )
+    Command::new(Op::PutDevice { device: DeviceSpec::test_sas(id), if_match: None }, 1_700_000_000_000)
 }
 
 /// Waits until every node of `nodes` names the same leader, one of them and not `not`.
@@ -606,7 +600,12 @@ async fn test_unauthenticated_connections_are_bounded_and_timed_out() {
     let addr = listener.local_addr().expect("addr").to_string();
     let gate = ConnGate::new(
         "cluster-test",
-        ListenerLimits { max_connections: 8, max_per_source: 0, max_unauthenticated: 2, max_unauthenticated_per_source: 0 },
+        ListenerLimits {
+            max_connections: 8,
+            max_per_source: 0,
+            max_unauthenticated: 2,
+            max_unauthenticated_per_source: 0,
+        },
     );
     let stop = CancellationToken::new();
     let auth_timeout = Duration::from_millis(500);

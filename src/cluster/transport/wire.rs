@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(Endpoint::parse("/cluster/v1/call/node.status"), None);
         assert!(other_version("/cluster/v1/call/node.status") && other_version("/cluster/v3/raft/vote"));
         assert!(!other_version("/cluster/v2/call/twin.write") && !other_version("/x"));
-        assert!(RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/")) && CALL_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/")));
+        assert!(
+            RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
+                && CALL_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
+        );
     }
 
     #[test]

@@ -310,7 +310,8 @@ impl Gate {
             return Err(GateError::Refused(AuthError::Missing));
         };
         if let Err(e) = verify_login(&self.policies, &self.host, user, pass) {
-            let rc = if matches!(e, AuthError::MissingPermission { .. }) { RC_NOT_AUTHORIZED } else { RC_BAD_CREDENTIALS };
+            let rc =
+                if matches!(e, AuthError::MissingPermission { .. }) { RC_NOT_AUTHORIZED } else { RC_BAD_CREDENTIALS };
             refuse(&mut cw, rc).await;
             return Err(GateError::Refused(e));
         }
@@ -583,13 +584,17 @@ mod tests {
     #[test]
     fn forwarded_connect_carries_the_internal_login_and_a_namespaced_client_id() {
         let internal = InternalLogin::generate();
-        let login = parse_connect(&connect_body(4, Some("iothubowner"), Some("SharedAccessSignature x"), true)).unwrap();
+        let login =
+            parse_connect(&connect_body(4, Some("iothubowner"), Some("SharedAccessSignature x"), true)).unwrap();
         let f = forwarded_connect(&login, &internal).unwrap();
         assert_eq!(f[0], 0x10);
         let body_at = f.iter().skip(1).position(|b| b & 0x80 == 0).unwrap() + 2;
         let fwd = parse_connect(&f[body_at..]).unwrap();
         assert_eq!(fwd.client_id, "svc.client-1");
-        assert_eq!((fwd.username.as_deref(), fwd.password.as_deref()), (Some(internal::USER), Some(internal.password())));
+        assert_eq!(
+            (fwd.username.as_deref(), fwd.password.as_deref()),
+            (Some(internal::USER), Some(internal.password()))
+        );
         assert_eq!((fwd.will, fwd.clean_session, fwd.keep_alive, fwd.level), (false, true, 60, 4));
         // An empty client id stays empty (rumqttd assigns one); it cannot collide with the feed link's.
         let mut anon = login;
