@@ -92,17 +92,20 @@ fi
 "$VENV/bin/python" -c 'import azure.iot.hub, azure.iot.device, uamqp, six, pytest; from importlib.metadata import version; print("azure-iot-hub", version("azure-iot-hub"), "| azure-iot-device", version("azure-iot-device"), "| uamqp", version("uamqp"), "| pytest", version("pytest"))' \
   || die "the Python SDKs do not import from $VENV"
 
+failed=()
+
 step "cargo fmt --check (rustfmt.toml)"
 if command -v rustfmt >/dev/null 2>&1 || rustup component add rustfmt >/dev/null 2>&1; then
-  cargo fmt --check >/dev/null 2>&1 || { cargo fmt --check 2>&1 | head -40; die "code is not formatted: run cargo fmt"; }
+  if ! cargo fmt --check >/dev/null 2>&1; then
+    cargo fmt --check 2>&1 | head -40
+    failed+=("cargo fmt --check (run cargo fmt)")
+  fi
 else
-  die "rustfmt is not installed and could not be added (rustup component add rustfmt)"
+  failed+=("cargo fmt (rustfmt missing: rustup component add rustfmt)")
 fi
 
 step "cargo build"
 cargo build 2>&1
-
-failed=()
 
 step "cargo test (unit + integration against the real binary)"
 # The fuzz smoke tests get their own step and budget below.
