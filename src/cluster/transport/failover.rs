@@ -31,19 +31,45 @@ use super::server::LocalGroups;
 use crate::ids::NodeId;
 use crate::shard::types::TypeConfig;
 
-/// Longest wait for a probe: a refused connect comes back in well under a millisecond on a LAN.
+/// Longest wait for a probe's connect: a refused one comes back in well under a millisecond on a LAN.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long an accepted probe connection is watched for a hang-up before the node counts as alive.
+const PROBE_LISTEN: Duration = Duration::from_millis(50);
+/// Accepted-then-dropped connects in a row that count as gone (a dying process's backlog).
+const PROBE_ATTEMPTS: usize = 3;
 /// Between the campaigns of successive voters of one group.
 const STAGGER: Duration = Duration::from_millis(150);
 
 /// Is node `node` gone: does its inter-node address refuse connections?
+///
+/// A process being killed closes its established connections and its listening socket one after the
+/// other, and until the listener is closed the kernel still completes handshakes into its backlog. So
+/// an accepted connect proves nothing by itself: the probe then waits a moment for the other end to
+/// speak or hang up. A live node waits for our TLS hello and says nothing; a dying one resets the
+/// connection as its listener closes. Refused, reset or closed: gone. Silent, or no answer to the
+/// connect at all (a partition): not known to be gone, and Raft's own timers decide.
 pub async fn probe_gone(peers: &PeerTable, node: NodeId) -> bool {
+    use tokio::io::AsyncReadExt;
     let Some(addr) = peers.addr(node) else { return false };
-    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
-        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
-        // Accepted (alive), or no answer in time (partition, overload): Raft's timers decide.
-        _ => false,
+    for _ in 0..PROBE_ATTEMPTS {
+        match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(&addr)).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return true,
+            Ok(Err(_)) | Err(_) => return false,
+            Ok(Ok(mut stream)) => {
+                let mut byte = [0u8; 1];
+                match tokio::time::timeout(PROBE_LISTEN, stream.read(&mut byte)).await {
+                    // Silence: someone is there, waiting for us to start.
+                    Err(_) => return false,
+                    // Closed or reset before we said anything: the process is going; ask again.
+                    Ok(Ok(0)) | Ok(Err(_)) => {}
+                    // It spoke first: not our server, but alive.
+                    Ok(Ok(_)) => return false,
+                }
+            }
+        }
     }
+    // Every attempt was accepted and then dropped: nobody is serving there.
+    true
 }
 
 /// A connection from `node` ended: if `node` is gone, campaign in the groups it led.
@@ -111,4 +137,50 @@ pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mu
 
 fn leader_of(raft: &crate::shard::types::Raft) -> Option<NodeId> {
     raft.metrics().borrow_watched().current_leader
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn table_for(addr: std::net::SocketAddr) -> PeerTable {
+        let t = PeerTable::default();
+        t.set(7, addr.to_string());
+        t
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_gone_a_silent_listener_is_not_and_a_dying_backlog_is() {
+        // Nothing listens: refused.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        assert!(probe_gone(&table_for(addr).await, 7).await);
+
+        // A live server accepts and waits for the client to speak.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut keep = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                keep.push(s);
+            }
+        });
+        assert!(!probe_gone(&table_for(addr).await, 7).await);
+        held.abort();
+
+        // Connections accepted and dropped at once (a process on its way out): gone.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let dropper = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                drop(s);
+            }
+        });
+        assert!(probe_gone(&table_for(addr).await, 7).await);
+        dropper.abort();
+
+        // An unknown node is never gone.
+        assert!(!probe_gone(&PeerTable::default(), 9).await);
+    }
 }
