@@ -97,14 +97,17 @@ pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers
             "leader's process is gone (connection refused): campaigning without waiting for the election timeout"
         );
         for (shard, raft) in led {
-            let voters: Vec<NodeId> = {
+            let (voters, term) = {
                 let m = raft.metrics().borrow_watched().clone();
-                m.membership_config.membership().voter_ids().filter(|v| *v != node).collect()
+                (m.membership_config.membership().voter_ids().filter(|v| *v != node).collect::<Vec<NodeId>>(), m.current_term)
             };
             let Some(rank) = voters.iter().position(|v| *v == me) else { continue };
             tokio::spawn(async move {
                 tokio::time::sleep(STAGGER * rank as u32).await;
-                if leader_of(&raft) != Some(node) {
+                // Someone else campaigned meanwhile (this node saw a higher term), or a leader is
+                // known: leave the rest to Raft rather than start a competing election.
+                let m = raft.metrics().borrow_watched().clone();
+                if m.current_leader != Some(node) || m.current_term > term {
                     return;
                 }
                 metrics::counter!("twinhub_shard_fast_elections_total", "shard" => shard.to_string()).increment(1);
