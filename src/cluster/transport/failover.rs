@@ -132,10 +132,32 @@ pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mu
     if leader == candidate || leader == m.id || req.vote.leader_id().term <= m.current_term {
         return;
     }
-    if probe_gone(peers, leader).await {
-        tracing::info!(candidate, dead_leader = leader, "granting an early vote: the leader's process is gone");
-        req.leadership_transfer = true;
+    if !probe_gone(peers, leader).await {
+        return;
     }
+    // The leader is gone. If this voter holds entries the candidate lacks, Raft will refuse the
+    // candidate (and only a voter at least as up to date can win): this one campaigns instead, at
+    // once, rather than leave it to the election timeout.
+    let mine = m.last_log_index.unwrap_or(0);
+    let theirs = req.last_log_id.as_ref().map_or(0, |l| l.index());
+    if mine > theirs {
+        tracing::info!(candidate, dead_leader = leader, mine, theirs, "the candidate lacks entries this voter has: campaigning instead");
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            // After this vote's refusal has gone out.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if raft.metrics().borrow_watched().current_leader.is_none_or(|l| l == leader) {
+                // The refused candidate voted for itself in the next term, so a campaign in that same
+                // term could not get its vote: the second trigger supersedes the first one term
+                // higher, where the candidate (less up to date) grants it.
+                let _ = raft.trigger().elect(false).await;
+                let _ = raft.trigger().elect(false).await;
+            }
+        });
+        return;
+    }
+    tracing::info!(candidate, dead_leader = leader, "granting an early vote: the leader's process is gone");
+    req.leadership_transfer = true;
 }
 
 fn leader_of(raft: &crate::shard::types::Raft) -> Option<NodeId> {
