@@ -99,7 +99,10 @@ pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers
         for (shard, raft) in led {
             let (voters, term) = {
                 let m = raft.metrics().borrow_watched().clone();
-                (m.membership_config.membership().voter_ids().filter(|v| *v != node).collect::<Vec<NodeId>>(), m.current_term)
+                (
+                    m.membership_config.membership().voter_ids().filter(|v| *v != node).collect::<Vec<NodeId>>(),
+                    m.current_term,
+                )
             };
             let Some(rank) = voters.iter().position(|v| *v == me) else { continue };
             tokio::spawn(async move {
@@ -141,7 +144,13 @@ pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mu
     let mine = m.last_log_index.unwrap_or(0);
     let theirs = req.last_log_id.as_ref().map_or(0, |l| l.index());
     if mine > theirs {
-        tracing::info!(candidate, dead_leader = leader, mine, theirs, "the candidate lacks entries this voter has: campaigning instead");
+        tracing::info!(
+            candidate,
+            dead_leader = leader,
+            mine,
+            theirs,
+            "the candidate lacks entries this voter has: campaigning instead"
+        );
         let raft = raft.clone();
         tokio::spawn(async move {
             // After this vote's refusal has gone out.
