@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use super::feed;
 use super::history::{History, Op, OpKind, Outcome, TwinState};
 use super::model::{etag_versions, EtagVersions, LinOp, State};
 use super::report::{describe, Report, Violation, ViolationKind};
@@ -66,6 +67,7 @@ pub fn check_with(history: &History, cfg: &CheckConfig) -> Report {
         versions::check(&ctx, &mut findings);
         lost::check(&ctx, &mut findings);
         push::check(&ctx, &mut findings);
+        feed::check(&ctx, &mut findings);
         linearizability(&ctx, cfg, &mut findings, &mut report.inconclusive);
         report.violations.extend(findings.finish());
     }

@@ -73,6 +73,13 @@ pub enum OpKind {
     /// A desired push received by a device connection (`invoke_ns` = `complete_ns` = receive time). It is
     /// a notification, not a request: checked for order and convergence, not linearized.
     Push { desired_version: i64, patch: Value },
+    /// A twin change event received by a change-feed consumer (`client` = one consumer connection,
+    /// `invoke_ns` = `complete_ns` = receive time): the twin `version` it shows and how many committed
+    /// changes it carries (coalescing merges several into one). Checked for delivery and order.
+    FeedEvent { version: i64, merged: i64 },
+    /// The consumer was told to resync (or started following): it re-reads its twins, so changes
+    /// committed before this are accounted for without events.
+    FeedResync,
 }
 
 impl OpKind {
@@ -85,7 +92,14 @@ impl OpKind {
             OpKind::PatchReported { .. } => "PatchReported",
             OpKind::DeviceGet => "DeviceGet",
             OpKind::Push { .. } => "Push",
+            OpKind::FeedEvent { .. } => "FeedEvent",
+            OpKind::FeedResync => "FeedResync",
         }
+    }
+
+    /// A notification received (a push or a feed item), not a request: not linearized.
+    pub fn is_notification(&self) -> bool {
+        matches!(self, OpKind::Push { .. } | OpKind::FeedEvent { .. } | OpKind::FeedResync)
     }
 
     /// Changes desired (and so bumps desired `$version`).
@@ -227,10 +241,7 @@ impl History {
                 return Err(HistoryError::CompletesBeforeInvoke(index));
             }
         }
-        if !matches!(op.outcome, Outcome::Unknown { .. })
-            && op.complete_ns.is_none()
-            && !matches!(op.kind, OpKind::Push { .. })
-        {
+        if !matches!(op.outcome, Outcome::Unknown { .. }) && op.complete_ns.is_none() && !op.kind.is_notification() {
             return Err(HistoryError::AnsweredWithoutCompletion(index));
         }
         let object = |v: &Value, what: &'static str| {

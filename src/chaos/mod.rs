@@ -50,6 +50,7 @@
 //! [`CheckConfig::shrink_total_steps`].
 
 mod check;
+mod feed;
 mod history;
 mod lost;
 mod model;

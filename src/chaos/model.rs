@@ -316,7 +316,7 @@ impl LinOp {
     pub fn from_op(index: usize, op: &Op, etag_versions: &EtagVersions) -> Option<LinOp> {
         let expect = Expect::from_outcome(&op.outcome);
         let action = match (&op.kind, &op.outcome) {
-            (OpKind::Push { .. }, _) => return None,
+            (OpKind::Push { .. } | OpKind::FeedEvent { .. } | OpKind::FeedResync, _) => return None,
             (k, Outcome::Failed { .. }) if k.is_write() && op.outcome.is_precondition_failed() => {
                 let etag = k.if_match()?;
                 let seen = etag_versions.get(&etag)?;

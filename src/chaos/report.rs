@@ -52,6 +52,10 @@ pub enum ViolationKind {
     PushNotConverged,
     /// The history itself is malformed (a runner bug); the op was left out.
     MalformedHistory,
+    /// An acknowledged change never reached a change-feed consumer, as an event or through a resync.
+    FeedMissed,
+    /// A change-feed consumer saw a twin's version go back (without a resync in between).
+    FeedOutOfOrder,
 }
 
 impl Report {
@@ -98,7 +102,8 @@ pub fn describe(index: usize, op: &Op) -> String {
         OpKind::ReplaceTwin { desired, if_match, .. } => format!("{}{}", short(desired), cond(if_match)),
         OpKind::PatchReported { patch } => short(patch),
         OpKind::Push { desired_version, patch } => format!("v{desired_version} {}", short(patch)),
-        OpKind::GetTwin | OpKind::DeviceGet => String::new(),
+        OpKind::FeedEvent { version, merged } => format!("v{version} merged {merged}"),
+        OpKind::GetTwin | OpKind::DeviceGet | OpKind::FeedResync => String::new(),
     };
     let end = op.complete_ns.map_or_else(|| "∞".to_string(), |c| c.to_string());
     let outcome = match &op.outcome {

@@ -584,3 +584,56 @@ fn test_independent_twins_are_checked_independently() {
     assert!(!r.violations.is_empty());
     assert!(r.violations.iter().all(|v| v.twin == TWIN), "{}", r.summary());
 }
+
+fn feed(client: u64, at: u64, kind: OpKind) -> Op {
+    op(client, at, Some(at), kind, Outcome::ok())
+}
+
+#[test]
+fn test_feed_delivery_by_event_merged_event_or_resync_passes() {
+    let h = history(vec![
+        feed(9, 5, OpKind::FeedResync),
+        op(1, 10, Some(20), patch(json!({"a": 1})), twin(2, 2, 1, json!({"a": 1}))),
+        op(1, 30, Some(40), patch(json!({"a": 2})), twin(3, 3, 1, json!({"a": 2}))),
+        op(1, 50, Some(60), patch(json!({"a": 3})), twin(4, 4, 1, json!({"a": 3}))),
+        feed(9, 45, OpKind::FeedEvent { version: 2, merged: 1 }),
+        // Versions 3 and 4 as one coalesced event; then a repeat (at least once).
+        feed(9, 65, OpKind::FeedEvent { version: 4, merged: 2 }),
+        feed(9, 66, OpKind::FeedEvent { version: 4, merged: 2 }),
+        fin(op(2, 70, Some(80), OpKind::GetTwin, twin(4, 4, 1, json!({"a": 3})))),
+    ]);
+    must_pass(&h);
+}
+
+#[test]
+fn test_feed_missing_an_acknowledged_change_fails() {
+    let h = history(vec![
+        feed(9, 5, OpKind::FeedResync),
+        op(1, 10, Some(20), patch(json!({"a": 1})), twin(2, 2, 1, json!({"a": 1}))),
+        op(1, 30, Some(40), patch(json!({"a": 2})), twin(3, 3, 1, json!({"a": 2}))),
+        feed(9, 45, OpKind::FeedEvent { version: 3, merged: 1 }),
+        fin(op(2, 70, Some(80), OpKind::GetTwin, twin(3, 3, 1, json!({"a": 2})))),
+    ]);
+    assert_eq!(ops_of(&must_fail(&h, ViolationKind::FeedMissed), ViolationKind::FeedMissed)[0], 1);
+    // A resync after the write covers it.
+    let mut ops = h.ops.clone();
+    ops.push(feed(9, 50, OpKind::FeedResync));
+    must_pass(&history(ops));
+}
+
+#[test]
+fn test_feed_version_going_back_without_a_resync_fails() {
+    let h = history(vec![
+        feed(9, 5, OpKind::FeedResync),
+        op(1, 10, Some(20), patch(json!({"a": 1})), twin(2, 2, 1, json!({"a": 1}))),
+        op(1, 30, Some(40), patch(json!({"a": 2})), twin(3, 3, 1, json!({"a": 2}))),
+        feed(9, 45, OpKind::FeedEvent { version: 3, merged: 1 }),
+        feed(9, 46, OpKind::FeedEvent { version: 2, merged: 1 }),
+        fin(op(2, 70, Some(80), OpKind::GetTwin, twin(3, 3, 1, json!({"a": 2})))),
+    ]);
+    must_fail(&h, ViolationKind::FeedOutOfOrder);
+    // Another connection (a reconnect) may see it again, in its own order.
+    let mut ops = h.ops.clone();
+    ops[4].client = 10;
+    must_pass(&history(ops));
+}

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Map, Value};
 
 use super::check::{Findings, TwinCtx};
-use super::history::{OpKind, Outcome};
+use super::history::Outcome;
 use super::model::{section_of, Counter};
 use super::report::ViolationKind;
 
@@ -42,7 +42,7 @@ type Seen = (usize, Map<String, Value>);
 /// the same section. Two that differ are two histories (a split brain, or a version reused).
 fn divergent(ctx: &TwinCtx<'_>, f: &mut Findings) {
     let mut first: BTreeMap<(&str, i64), Seen> = BTreeMap::new();
-    for (i, op) in ctx.iter().filter(|(_, op)| !matches!(op.kind, OpKind::Push { .. })) {
+    for (i, op) in ctx.iter().filter(|(_, op)| !op.kind.is_notification()) {
         let Outcome::Ok { desired_version, desired, reported_version, reported, .. } = &op.outcome else { continue };
         for (name, version, doc) in [("desired", desired_version, desired), ("reported", reported_version, reported)] {
             let (Some(version), Some(doc)) = (version, doc) else { continue };
@@ -68,7 +68,7 @@ fn divergent(ctx: &TwinCtx<'_>, f: &mut Findings) {
 
 fn observations(ctx: &TwinCtx<'_>, counter: Counter) -> Vec<Obs> {
     ctx.iter()
-        .filter(|(_, op)| !matches!(op.kind, OpKind::Push { .. }))
+        .filter(|(_, op)| !op.kind.is_notification())
         .filter_map(|(i, op)| {
             let value = counter.observed(&op.outcome)?;
             let complete = op.complete_ns?;

@@ -13,6 +13,7 @@
 pub mod cluster;
 pub mod device;
 pub mod faults;
+pub mod feed;
 pub mod https;
 pub mod net;
 pub mod output;

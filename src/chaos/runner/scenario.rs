@@ -142,6 +142,19 @@ pub async fn run(
         timeout: opts.request_timeout,
     });
 
+    // A change-feed consumer, following from before the first write to after the final reads.
+    let feed_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (feed_ready, feed_opened) = tokio::sync::oneshot::channel();
+    let feed = tokio::spawn(crate::chaos::runner::feed::consumer(
+        shared.clone(),
+        twins.clone(),
+        feed_ready,
+        feed_stop.clone(),
+    ));
+    if tokio::time::timeout(Duration::from_secs(30), feed_opened).await.is_err() {
+        observations.push("the change-feed consumer could not open a stream within 30 s".into());
+    }
+
     // The workload.
     let workload_start = now_ns();
     let mut devices = Vec::new();
@@ -252,6 +265,10 @@ pub async fn run(
             convergence_notes.push(note);
         }
     }
+    // Events of the last writes may still be on their way (a tail long-polls a replica).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    feed_stop.store(true, Ordering::Relaxed);
+    let _ = feed.await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let scenario_end = now_ns();
 
