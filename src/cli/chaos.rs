@@ -36,9 +36,13 @@ pub struct ChaosArgs {
     /// Shards of the cluster.
     #[arg(long, default_value_t = 4)]
     pub shard_count: u32,
-    /// Size of each node's data disk (tmpfs), MiB.
-    #[arg(long, default_value_t = 256)]
-    pub disk_mb: u64,
+    /// Size of each node's data disk (tmpfs), MiB [default: 256, plus 12 MiB per 1,000 background twins]
+    #[arg(long)]
+    pub disk_mb: Option<u64>,
+    /// Twins to load into the cluster beside the scenarios' own (a fleet the nodes carry through every
+    /// fault: bigger snapshots to install and more to catch up on), e.g. 100000
+    #[arg(long, default_value_t = 0)]
+    pub background_twins: u64,
 }
 
 pub fn main(a: ChaosArgs) -> ExitCode {
@@ -60,7 +64,8 @@ pub fn main(a: ChaosArgs) -> ExitCode {
         minutes: a.minutes,
         nodes: a.nodes,
         shard_count: a.shard_count,
-        disk_mb: a.disk_mb,
+        disk_mb: a.disk_mb.unwrap_or(256 + a.background_twins * 12 / 1000),
+        background_twins: a.background_twins,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::chaos::runner::https::{make_certs, HttpsClient};
 use crate::chaos::runner::net;
@@ -451,6 +451,75 @@ impl Cluster {
     pub fn resume(&mut self, id: u64) {
         self.signal(id, libc::SIGCONT);
         self.node_mut(id).paused = false;
+    }
+
+    /// Loads `n` background twins (`bg-<i>`, with tags and a desired property) through the bulk
+    /// registry call, 100 per request from four clients, with progress: a fleet the nodes must carry
+    /// through every fault (bigger snapshots to install, more to catch up on), beside the scenarios'
+    /// own twins.
+    pub async fn load_background(&self, n: u64) -> Result<()> {
+        let started = std::time::Instant::now();
+        let key = random_key();
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ids = self.ids();
+        let mut tasks = Vec::new();
+        for w in 0..4usize {
+            let mut c = self.client(ids[w % ids.len()]);
+            let (key, done, next) = (key.clone(), done.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let from = next.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
+                    if from >= n {
+                        return Ok::<(), anyhow::Error>(());
+                    }
+                    let to = (from + 100).min(n);
+                    let body: Vec<Value> = (from..to)
+                        .map(|i| {
+                            json!({"id": format!("bg-{i}"), "importMode": "create", "status": "enabled",
+                                "authentication": {"type": "sas", "symmetricKey": {"primaryKey": key, "secondaryKey": key}},
+                                "tags": {"fleet": "background", "i": i}, "properties": {"desired": {"interval": 30}}})
+                        })
+                        .collect();
+                    let body = Value::Array(body);
+                    let mut last = String::new();
+                    let mut ok = false;
+                    for _ in 0..20 {
+                        match c.json("POST", "/devices", Some(&body), Duration::from_secs(30)).await {
+                            Ok((200, _)) => {
+                                ok = true;
+                                break;
+                            }
+                            // A retry after a lost answer finds the entries created.
+                            Ok((400, v))
+                                if v["errors"].as_array().is_some_and(|e| {
+                                    !e.is_empty() && e.iter().all(|x| x["errorCode"] == "DeviceAlreadyExists")
+                                }) =>
+                            {
+                                ok = true;
+                                break;
+                            }
+                            Ok((s, v)) => last = format!("{s} {v}"),
+                            Err(e) => last = e,
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    if !ok {
+                        let last: String = last.chars().take(300).collect();
+                        anyhow::bail!("loading background twins {from}..{to}: {last}");
+                    }
+                    let d = done.fetch_add(to - from, std::sync::atomic::Ordering::Relaxed) + (to - from);
+                    if d % 10_000 < 100 || d == n {
+                        say!("background fleet: {d}/{n} twins loaded");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        say!("background fleet of {n} twins loaded in {:.1}s", started.elapsed().as_secs_f64());
+        Ok(())
     }
 
     pub fn client(&self, id: u64) -> HttpsClient {

@@ -36,6 +36,8 @@ pub struct RunOpts {
     pub nodes: u64,
     pub shard_count: u32,
     pub disk_mb: u64,
+    /// Twins loaded into every (re)built cluster beside the scenarios' own.
+    pub background_twins: u64,
 }
 
 /// Removes what a run leaves on the machine, also when the run future is dropped (Ctrl-C) or panics.
@@ -64,7 +66,11 @@ async fn fresh_cluster(opts: &RunOpts, cluster: Option<Cluster>) -> Result<Clust
         let stamp = crate::chaos::runner::util::unix_now();
         let _ = std::fs::rename(&cfg.dir, opts.dir.join(format!("cluster-{stamp}")));
     }
-    Cluster::start(cfg).await
+    let c = Cluster::start(cfg).await?;
+    if opts.background_twins > 0 {
+        c.load_background(opts.background_twins).await?;
+    }
+    Ok(c)
 }
 
 /// Runs the profile; returns the report (also written under `dir`).
