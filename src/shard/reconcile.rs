@@ -41,7 +41,7 @@ pub const JOIN_CALL: &str = "cluster.join";
 
 /// Peer-table id under which a joining node dials the address it joins through (it does not know
 /// that member's id yet; node ids are never this large).
-pub const JOIN_PEER: NodeId = NodeId::MAX;
+pub const JOIN_PEER: NodeId = crate::cluster::transport::peers::ANY_NODE;
 
 /// The backoff key of the metadata group's leadership (shard ids never reach it).
 const META_TRANSFER_KEY: ShardId = ShardId::MAX;

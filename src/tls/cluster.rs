@@ -74,6 +74,51 @@ pub struct ClusterTls {
     pub server: Arc<ServerConfig>,
     /// Trusts only the cluster CA and presents this node's certificate.
     pub client: Arc<ClientConfig>,
+    /// As `client`, but accepts any node's certificate from the cluster CA: for dialling an address
+    /// whose node is not known yet (a node joining through any member).
+    pub client_any_node: Arc<ClientConfig>,
+}
+
+/// Verifies a server certificate against the cluster CA for the node name the certificate itself
+/// carries, whatever name was dialled: used only when the peer's identity is not known in advance.
+#[derive(Debug)]
+struct AnyNode(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyNode {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _dialled: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let id = node_of_cert(end_entity)
+            .ok_or_else(|| rustls::Error::General("the certificate names no cluster node".into()))?;
+        self.0.verify_server_cert(end_entity, intermediates, &ClusterTls::server_name(id), ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
 }
 
 impl std::fmt::Debug for ClusterTls {
@@ -112,12 +157,25 @@ impl ClusterTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())?;
         server.alpn_protocols = vec![b"h2".to_vec()];
+        let any = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()
+            .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+        let mut client_any_node = ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyNode(any)))
+            .with_client_auth_cert(chain.clone(), key.clone_key())?;
+        client_any_node.alpn_protocols = vec![b"h2".to_vec()];
         let mut client = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)?;
         client.alpn_protocols = vec![b"h2".to_vec()];
-        Ok(ClusterTls { server: Arc::new(server), client: Arc::new(client) })
+        Ok(ClusterTls {
+            server: Arc::new(server),
+            client: Arc::new(client),
+            client_any_node: Arc::new(client_any_node),
+        })
     }
 
     /// The name to verify when dialling node `id`.

@@ -22,6 +22,10 @@ use super::error::TransportError;
 use super::TransportConfig;
 use crate::ids::NodeId;
 
+/// Peer-table id for an address whose node is not known yet (a node joins through any member): TLS
+/// then accepts any node certificate of the cluster CA.
+pub const ANY_NODE: NodeId = NodeId::MAX;
+
 /// Addresses of the other nodes, updated at runtime as memberships name them.
 #[derive(Default)]
 pub struct PeerTable {
@@ -238,7 +242,10 @@ async fn connect(addr: &str, node: NodeId, config: &TransportConfig) -> std::io:
     match &config.tls {
         None => handshake(tcp, addr, config).await,
         Some(tls) => {
-            let connector = tokio_rustls::TlsConnector::from(tls.client.clone());
+            // An address whose node is not known yet (joining through any member): any node of the
+            // cluster CA will do; otherwise exactly the node meant.
+            let client = if node == ANY_NODE { tls.client_any_node.clone() } else { tls.client.clone() };
+            let connector = tokio_rustls::TlsConnector::from(client);
             let stream = connector.connect(crate::tls::cluster::ClusterTls::server_name(node), tcp).await?;
             handshake(stream, addr, config).await
         }
