@@ -66,9 +66,13 @@ async fn fresh_cluster(opts: &RunOpts, cluster: Option<Cluster>) -> Result<Clust
         let stamp = crate::chaos::runner::util::unix_now();
         let _ = std::fs::rename(&cfg.dir, opts.dir.join(format!("cluster-{stamp}")));
     }
-    let c = Cluster::start(cfg).await?;
+    let mut c = Cluster::start(cfg).await?;
     if opts.background_twins > 0 {
-        c.load_background(opts.background_twins).await?;
+        if let Err(e) = c.load_background(opts.background_twins).await {
+            // Stop the nodes and their power-loss file systems before giving up.
+            c.shutdown().await;
+            return Err(e);
+        }
     }
     Ok(c)
 }
