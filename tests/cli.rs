@@ -289,29 +289,15 @@ async fn jobs_are_scheduled_listed_shown_and_cancelled() {
 }
 
 /// The JSON lines of a running `twinhub watch`, as they come.
-struct Watch {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
+struct Watch(JsonLines);
 
 impl Watch {
     fn start(cli: &Cli, args: &[&str]) -> Watch {
-        let mut child = cli.cmd(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Watch { child, lines }
+        Watch(JsonLines::spawn(cli.cmd(args).stderr(Stdio::null())))
     }
 
     fn next(&self, within: Duration) -> Option<Value> {
-        let line = self.lines.recv_timeout(within).ok()?;
-        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}")))
+        self.0.next(within)
     }
 
     /// The next `n` events that carry tag `v`, skipping others (the pings that opened the feed).
@@ -326,13 +312,6 @@ impl Watch {
             }
         }
         out
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -9,9 +9,7 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
-use std::sync::mpsc::Receiver;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::cluster::*;
@@ -20,28 +18,6 @@ use serde_json::{json, Value};
 
 const SHARDS: u32 = 4;
 const WAIT: Duration = Duration::from_secs(120);
-
-struct Watch {
-    child: Child,
-    lines: Receiver<String>,
-}
-
-impl Watch {
-    fn next(&self, within: Duration) -> Option<Value> {
-        let line = self.lines.recv_timeout(within).ok()?;
-        Some(
-            serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("watch printed a line that is not JSON ({e}): {line}")),
-        )
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the consumer has been shown: versions covered by events, and resyncs.
 #[derive(Default)]
@@ -113,24 +89,13 @@ async fn a_feed_on_a_node_outside_the_shard_misses_no_acknowledged_change_throug
         c.node(outsider).http.port(),
         c.owner_key
     );
-    let mut child = twinhub_cmd()
-        .args(["watch", "--device", &dev, "--connection-string", &cs, "--ca-file"])
-        .arg(&ca)
-        .env("TWINHUB_PROFILES", "/nonexistent")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("twinhub watch");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let watch = Watch { child, lines };
+    let watch = JsonLines::spawn(
+        twinhub_cmd()
+            .args(["watch", "--device", &dev, "--connection-string", &cs, "--ca-file"])
+            .arg(&ca)
+            .env("TWINHUB_PROFILES", "/nonexistent")
+            .stderr(Stdio::inherit()),
+    );
     let writer = c.api_with_timeout(writer_node, Duration::from_secs(5));
     let mut seen = Seen::default();
     // The feed shows what happens after it opened: write until the first event arrives.

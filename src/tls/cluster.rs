@@ -16,14 +16,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use time::{Duration, OffsetDateTime};
 
+use super::dev_ca::validity;
 use super::{io_err, load_certs, load_key, TlsError};
 use crate::auth::write_atomically;
 use crate::ids::NodeId;
@@ -225,19 +223,7 @@ pub fn issue_node_cert(ca_cert: &Path, ca_key: &Path, id: NodeId, out_dir: &Path
 }
 
 fn ca_params() -> Result<CertificateParams, rcgen::Error> {
-    let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(DnType::CommonName, "twinhub cluster CA");
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    validity(&mut params, 3650);
-    Ok(params)
-}
-
-/// Valid from yesterday (clock skew) for `days`.
-fn validity(params: &mut CertificateParams, days: i64) {
-    let now = OffsetDateTime::now_utc();
-    params.not_before = now - Duration::days(1);
-    params.not_after = now + Duration::days(days);
+    super::dev_ca::named_ca_params("twinhub cluster CA", BasicConstraints::Constrained(0))
 }
 
 #[cfg(test)]

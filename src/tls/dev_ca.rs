@@ -74,16 +74,21 @@ pub fn ensure_dev_certs(dir: &Path, hostname: &str) -> Result<DevCerts, TlsError
 }
 
 fn ca_params() -> Result<CertificateParams, rcgen::Error> {
+    named_ca_params("twinhub development CA", BasicConstraints::Unconstrained)
+}
+
+/// A CA valid for ten years, named `name`. The same parameters rebuild its issuer from the stored key.
+pub(super) fn named_ca_params(name: &str, constraints: BasicConstraints) -> Result<CertificateParams, rcgen::Error> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(DnType::CommonName, "twinhub development CA");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::Ca(constraints);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     validity(&mut params, 3650);
     Ok(params)
 }
 
 /// Valid from yesterday (clock skew) for `days`.
-fn validity(params: &mut CertificateParams, days: i64) {
+pub(super) fn validity(params: &mut CertificateParams, days: i64) {
     let now = OffsetDateTime::now_utc();
     params.not_before = now - Duration::days(1);
     params.not_after = now + Duration::days(days);

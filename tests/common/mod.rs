@@ -762,3 +762,40 @@ pub fn tls_client_config(ca_pem: &[u8]) -> std::sync::Arc<rumqttc::tokio_rustls:
             .with_no_client_auth();
     std::sync::Arc::new(config)
 }
+
+/// A child process (e.g. `twinhub watch`) whose stdout is read line by line, as JSON, as it comes;
+/// killed when dropped.
+pub struct JsonLines {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl JsonLines {
+    /// Spawns `cmd` with its stdout piped.
+    pub fn spawn(cmd: &mut Command) -> JsonLines {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn the JSON-lines child");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        JsonLines { child, lines }
+    }
+
+    /// The next line, parsed, or `None` if none comes within `within`.
+    pub fn next(&self, within: Duration) -> Option<Value> {
+        let line = self.lines.recv_timeout(within).ok()?;
+        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("a line that is not JSON ({e}): {line}")))
+    }
+}
+
+impl Drop for JsonLines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

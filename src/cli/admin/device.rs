@@ -3,7 +3,7 @@
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use super::{cell, identity_path, if_match, print_json, print_table, resolve, API, TIMEOUT};
+use super::{cell, identity_path, if_match, print_json, print_table, resolve, IdArgs, API, TIMEOUT};
 use crate::cli::remote::{RemoteError, Target};
 
 #[derive(Subcommand, Debug)]
@@ -18,17 +18,6 @@ pub enum DeviceCommand {
     Delete(DeleteArgs),
     /// Print the connection string a device (or module) connects with, from its primary key.
     ConnectionString(IdArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct IdArgs {
-    /// Device id
-    pub id: String,
-    /// Module id
-    #[arg(long)]
-    pub module: Option<String>,
-    #[command(flatten)]
-    pub target: Target,
 }
 
 #[derive(Args, Debug)]

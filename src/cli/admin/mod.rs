@@ -27,7 +27,7 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::Value;
 
-use super::remote::{Remote, RemoteError};
+use super::remote::{Remote, RemoteError, Target};
 
 /// How long one request may take.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -57,6 +57,18 @@ pub fn exit_code(r: Result<(), RemoteError>) -> ExitCode {
         RemoteError::Hub { status: 412, .. } => 4,
         RemoteError::Hub { .. } | RemoteError::Invalid(_) => 1,
     })
+}
+
+/// One device (or, with `--module`, one module) of a hub.
+#[derive(Args, Debug)]
+pub struct IdArgs {
+    /// Device id
+    pub id: String,
+    /// Module id
+    #[arg(long)]
+    pub module: Option<String>,
+    #[command(flatten)]
+    pub target: Target,
 }
 
 /// A JSON document given inline or in a file (`-` for stdin).

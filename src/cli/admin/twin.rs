@@ -3,28 +3,17 @@
 
 use clap::{Args, Subcommand};
 
-use super::{identity_path, if_match, print_json, resolve, JsonInput, TIMEOUT};
+use super::{identity_path, if_match, print_json, resolve, IdArgs, JsonInput, TIMEOUT};
 use crate::cli::remote::{RemoteError, Target};
 
 #[derive(Subcommand, Debug)]
 pub enum TwinCommand {
     /// Print a twin (tags, desired and reported properties, versions, etag).
-    Show(ShowArgs),
+    Show(IdArgs),
     /// Merge-patch tags and desired properties (`null` removes a property).
     Update(WriteArgs),
     /// Replace tags and desired properties with the given ones.
     Replace(WriteArgs),
-}
-
-#[derive(Args, Debug)]
-pub struct ShowArgs {
-    /// Device id
-    pub id: String,
-    /// Module id
-    #[arg(long)]
-    pub module: Option<String>,
-    #[command(flatten)]
-    pub target: Target,
 }
 
 #[derive(Args, Debug)]
