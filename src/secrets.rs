@@ -41,12 +41,13 @@ pub fn tighten_tree(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `mkdir -p` with mode `0700` for `dir` itself; an existing `dir` is tightened to `0700`.
+/// `mkdir -p` with mode `0700` for `dir` itself; an existing `dir` is tightened to `0700`. Durable: the
+/// directories it creates are synced into their parents (see [`create_dir_durably`]).
 pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        create_dir_durably(dir, |d| std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d))?;
         let meta = std::fs::metadata(dir)?;
         if meta.permissions().mode() & 0o077 != 0 {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
@@ -55,8 +56,29 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     }
     #[cfg(not(unix))]
     {
-        std::fs::create_dir_all(dir)
+        create_dir_durably(dir, |d| std::fs::create_dir_all(d))
     }
+}
+
+/// Runs `mkdir_p(dir)` and then fsyncs every directory it created and the parent of the topmost one.
+///
+/// A new directory's name lives in its parent until the parent is synced: without this, a power loss
+/// soon after the first start can take the whole data directory, and with it every write the node
+/// acknowledged from it, because the journal's fsyncs only cover what is inside.
+pub fn create_dir_durably(dir: &Path, mkdir_p: impl FnOnce(&Path) -> std::io::Result<()>) -> std::io::Result<()> {
+    // The deepest ancestor that already exists (the empty path of a relative `dir` stands for `.`).
+    let existing = dir.ancestors().find(|a| a.as_os_str().is_empty() || a.exists());
+    mkdir_p(dir)?;
+    if existing == Some(dir) {
+        return Ok(());
+    }
+    for d in dir.ancestors() {
+        std::fs::File::open(if d.as_os_str().is_empty() { Path::new(".") } else { d })?.sync_all()?;
+        if Some(d) == existing {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// Files and directories created from now on by this process are private to its user.

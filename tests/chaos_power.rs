@@ -226,3 +226,76 @@ fn each_power_loss_scenario_catches_a_skipped_fsync() {
         );
     }
 }
+
+/// Starts `twinhub serve` with its data directory inside the mount; returns it and its connection string.
+fn serve_on(data: &Path, port: u16, log: &Path) -> (Child, String) {
+    let mut child = Command::new(bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--http-listen", &format!("127.0.0.1:{port}")])
+        .args(["--mqtt-listen", &format!("127.0.0.1:{}", port + 1)])
+        .args(["--events-listen", &format!("127.0.0.1:{}", port + 2)])
+        .args(["--shard-count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(OpenOptions::new().create(true).append(true).open(log).expect("node log"))
+        .spawn()
+        .expect("start twinhub serve");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line)
+        .expect("read the connection string");
+    assert!(line.starts_with("HostName="), "serve printed no connection string: {line:?}\n{}", log_of(log));
+    (child, line.trim().to_string())
+}
+
+/// Runs an admin command against the node; returns its stdout (fails the test on a non-zero exit).
+fn admin(conn: &str, ca: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(args)
+        .env("TWINHUB_CONNECTION_STRING", conn)
+        .env("TWINHUB_CA_FILE", ca)
+        .output()
+        .expect("run twinhub admin command");
+    assert!(out.status.success(), "twinhub {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A node's very first start, then a power loss: the data directory it created (keys, certificates,
+/// journal) must survive with every acknowledged write. Its entry in the parent directory is only
+/// durable once the parent is synced, which the journal's own fsyncs do not do.
+#[test]
+fn first_start_survives_a_power_loss() {
+    require_root();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (backing, mnt, log) = (tmp.path().join("backing"), tmp.path().join("mnt"), tmp.path().join("fs.log"));
+    let node_log = tmp.path().join("node.log");
+    let _cleanup = Unmount(mnt.clone());
+    let fs = mount(&backing, &mnt, &log);
+    // Created by the node itself, two levels deep, in a directory nobody syncs.
+    let data = mnt.join("var/twinhub");
+    let port = 19_443;
+    let (mut node, conn) = serve_on(&data, port, &node_log);
+    let ca = tmp.path().join("ca.pem");
+    std::fs::copy(data.join("tls/ca.pem"), &ca).expect("copy the CA out of the mount");
+    admin(&conn, &ca, &["device", "create", "first-start"]);
+    for i in 1..=3 {
+        admin(
+            &conn,
+            &ca,
+            &["twin", "update", "first-start", &format!(r#"{{"properties":{{"desired":{{"n":{i}}}}}}}"#)],
+        );
+    }
+    node.kill().expect("kill node");
+    node.wait().expect("wait node");
+    signal_and_wait(fs, libc::SIGUSR1, &log);
+
+    let fs = mount(&backing, &mnt, &log);
+    let (mut node, conn_after) = serve_on(&data, port, &node_log);
+    assert_eq!(conn_after, conn, "the owner key must survive (a new one means the data directory was lost)");
+    std::fs::copy(data.join("tls/ca.pem"), &ca).expect("copy the CA");
+    let twin: Value = serde_json::from_str(&admin(&conn, &ca, &["twin", "show", "first-start"])).expect("twin JSON");
+    assert_eq!(twin["properties"]["desired"]["n"], 3, "every acknowledged write survives: {twin}");
+    node.kill().expect("kill node");
+    node.wait().expect("wait node");
+    signal_and_wait(fs, libc::SIGTERM, &log);
+}

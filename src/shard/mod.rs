@@ -844,7 +844,7 @@ fn check_layout(config: &ShardsConfig) -> Result<(), ShardError> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&config.data_dir).map_err(io)?;
+            crate::secrets::create_private_dir(&config.data_dir).map_err(io)?;
             let tmp = config.data_dir.join("shard-count.tmp");
             std::fs::write(&tmp, format!("{want}\n")).map_err(io)?;
             std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;

@@ -68,7 +68,7 @@ fn io_err(e: fjall::Error) -> io::Error {
 impl Store {
     /// Opens (or creates) the database in `dir` and starts its writer thread.
     pub fn open(dir: &Path) -> io::Result<Store> {
-        std::fs::create_dir_all(dir)?;
+        crate::secrets::create_dir_durably(dir, |d| std::fs::create_dir_all(d))?;
         // fjall's default hands every batch to the OS (one write syscall per group-commit batch); the
         // fsync that makes it durable is the group-commit writer's.
         let db = Database::builder(dir).open().map_err(io_err)?;

@@ -31,7 +31,7 @@ fn server_names(hostname: &str) -> Vec<String> {
 }
 
 pub fn ensure_dev_certs(dir: &Path, hostname: &str) -> Result<DevCerts, TlsError> {
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    crate::secrets::create_private_dir(dir).map_err(io_err(dir))?;
     let out = DevCerts {
         ca_cert: dir.join("ca.pem"),
         server_cert: dir.join("server.pem"),
