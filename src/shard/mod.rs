@@ -323,6 +323,15 @@ fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>, ShardErro
         election_timeout_max: 6 * config.heartbeat_ms,
         // A partitioned node rejoining must not depose a healthy leader by bumping terms.
         enable_pre_vote: Some(true),
+        // A leader that restarts must win a new election, never resume its old term. A resumed leader
+        // starts with the committed index it last saved, and that save rides on a later fsync than the
+        // entries themselves: after a power loss it can be a few entries behind writes that were
+        // acknowledged. Until a follower's answer re-teaches it, its read index (the larger of its first
+        // entry of the term and that stale committed index) is below those writes, and a linearizable
+        // read served by it — or by a follower waiting for that index — misses them. A new term's blank
+        // entry commits only after everything before it, so its read index covers every acknowledged
+        // write. The price is one election (3 to 6 heartbeats) after a leader restarts.
+        enable_leader_restore: Some(false),
         // Snapshots travel in one RPC: the default 200 ms deadline cannot carry a large shard.
         install_snapshot_timeout: 30_000,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(every),
