@@ -1,3 +1,9 @@
+/// mimalloc instead of glibc's allocator: the write path allocates and frees many small buffers per
+/// update across threads, where glibc's arenas spent about a fifth of the server's CPU (measured in
+/// benches/README.md, "write path").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     twinhub::cli::main()
 }
