@@ -165,11 +165,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
             };
-            if let (Some(sink), false) = (&self.events, outcome.events.is_empty()) {
-                sink(log_id.index, &outcome.events);
+            let Applied { result, events } = outcome;
+            if let (Some(sink), false) = (&self.events, events.is_empty()) {
+                sink(log_id.index, &events);
             }
+            // The events went to the sink; the writer (and a forwarded write's caller, over the wire)
+            // only needs the result.
             if let Some(r) = responder {
-                r.send(outcome);
+                r.send(Applied { result, events: Vec::new() });
             }
         }
         Ok(())
