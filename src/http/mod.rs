@@ -82,6 +82,13 @@ pub fn ok_json(body: &serde_json::Value) -> Response {
     json_response(StatusCode::OK, body)
 }
 
+/// A 200 with a document already rendered as JSON text.
+pub fn ok_json_text(body: &str) -> Response {
+    let mut resp = (StatusCode::OK, body.to_owned()).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    resp
+}
+
 /// `GET /ready`: 200 once every shard of this node has a leader (the node has joined and can serve),
 /// 503 before. No authentication, like `/health`: probes and launchers poll it.
 async fn ready(axum::extract::State(state): axum::extract::State<Shared>) -> Response {

@@ -49,7 +49,7 @@ async fn write(
         Op::UpdateTwin { id: id.clone(), patch_json: json, if_match }
     };
     match propose(&st, &id, Command::new(op, now_ms())).await? {
-        Reply::Twin(v) => Ok(ok_json(&v)),
+        Reply::Twin(v) => Ok(super::ok_json_text(v.as_str())),
         other => Err(ApiError::Internal(format!("unexpected reply to a twin write: {other:?}"))),
     }
 }

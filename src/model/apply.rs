@@ -7,6 +7,7 @@ use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
 use super::doc::{replace_diff, Node};
 use super::error::TwinError;
 use super::etag::etag_text;
+use super::json_text::JsonText;
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
 use super::validate::{
@@ -395,7 +396,7 @@ impl ShardState {
         let tags_patch = effective_patch(sb.tags, &cur.tags);
         let desired_patch = effective_patch(sb.desired, &cur.desired);
         if tags_patch.is_none() && desired_patch.is_none() {
-            return Ok(Reply::Twin(self.twin(id)?));
+            return Ok(Reply::Twin(JsonText::render(&self.twin(id)?)));
         }
         let version = cur.version + 1;
         let desired_version = cur.desired_version + i64::from(desired_patch.is_some());
@@ -454,7 +455,7 @@ impl ShardState {
                 desired_version,
             });
         }
-        Ok(Reply::Twin(self.twin(id)?))
+        Ok(Reply::Twin(JsonText::render(&self.twin(id)?)))
     }
 
     fn replace_twin(
@@ -490,13 +491,14 @@ impl ShardState {
         twin.tags = tags;
         twin.desired = desired;
         let full = self.twin(id)?;
-        events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full.clone(), version });
+        let reply = JsonText::render(&full);
+        events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full, version });
         events.push(Event::DesiredPatch {
             id: id.clone(),
             patch: with_version(diff, desired_version),
             desired_version,
         });
-        Ok(Reply::Twin(full))
+        Ok(Reply::Twin(reply))
     }
 
     fn update_reported(&mut self, id: &TwinId, json: &str, at: i64, events: &mut Vec<Event>) -> Outcome {

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::command::RequestId;
 use super::error::TwinError;
+use super::json_text::JsonText;
 use crate::ids::TwinId;
 
 pub const DEDUPE_WINDOW: usize = 10_000;
@@ -83,22 +84,21 @@ pub const REPLY_BYTES: usize = 4 << 20;
 #[serde(from = "Vec<(RequestId, serde_json::Value)>", into = "Vec<(RequestId, serde_json::Value)>")]
 pub struct RecentReplies {
     order: VecDeque<(RequestId, usize)>,
-    docs: BTreeMap<RequestId, Box<str>>,
+    docs: BTreeMap<RequestId, JsonText>,
     bytes: usize,
 }
 
 impl RecentReplies {
-    pub fn get(&self, id: &RequestId) -> Option<serde_json::Value> {
-        self.docs.get(id).and_then(|text| serde_json::from_str(text).ok())
+    pub fn get(&self, id: &RequestId) -> Option<JsonText> {
+        self.docs.get(id).cloned()
     }
 
-    pub fn remember(&mut self, id: RequestId, doc: serde_json::Value) {
-        let text = serde_json::to_string(&doc).unwrap_or_default();
-        let size = text.len();
+    pub fn remember(&mut self, id: RequestId, text: JsonText) {
+        let size = text.as_str().len();
         if size > REPLY_BYTES {
             return;
         }
-        if self.docs.insert(id, text.into_boxed_str()).is_none() {
+        if self.docs.insert(id, text).is_none() {
             self.order.push_back((id, size));
             self.bytes += size;
         }
@@ -114,7 +114,7 @@ impl From<Vec<(RequestId, serde_json::Value)>> for RecentReplies {
     fn from(v: Vec<(RequestId, serde_json::Value)>) -> RecentReplies {
         let mut r = RecentReplies::default();
         for (id, doc) in v {
-            r.remember(id, doc);
+            r.remember(id, JsonText::render(&doc));
         }
         r
     }
@@ -122,10 +122,7 @@ impl From<Vec<(RequestId, serde_json::Value)>> for RecentReplies {
 
 impl From<RecentReplies> for Vec<(RequestId, serde_json::Value)> {
     fn from(mut r: RecentReplies) -> Self {
-        r.order
-            .iter()
-            .filter_map(|(id, _)| r.docs.remove(id).and_then(|d| serde_json::from_str(&d).ok()).map(|d| (*id, d)))
-            .collect()
+        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d.to_value()))).collect()
     }
 }
 
@@ -154,10 +151,10 @@ mod tests {
         let mut r = RecentReplies::default();
         let doc = serde_json::json!({"pad": "x".repeat(1 << 20)});
         for i in 0..6u128 {
-            r.remember(RequestId(i), doc.clone());
+            r.remember(RequestId(i), JsonText::render(&doc));
         }
         assert!(r.get(&RequestId(0)).is_none() && r.get(&RequestId(1)).is_none(), "oldest evicted");
-        assert_eq!(r.get(&RequestId(5)), Some(doc.clone()));
+        assert_eq!(r.get(&RequestId(5)).map(|t| t.to_value()), Some(doc.clone()));
         let back: RecentReplies = Vec::from(r.clone()).into();
         assert_eq!(back, r);
     }

@@ -16,6 +16,7 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
+mod json_text;
 pub mod method;
 mod registry;
 pub mod time;
@@ -26,6 +27,7 @@ mod tests;
 
 pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
 pub use error::TwinError;
+pub use json_text::JsonText;
 pub use registry::edge_scope_device;
 
 use serde::{Deserialize, Serialize};
@@ -49,8 +51,8 @@ pub enum Reply {
     Device(Value),
     /// A Module document.
     Module(Value),
-    /// The full twin document after the change (PATCH/PUT /twins/...).
-    Twin(Value),
+    /// The full twin document after the change (PATCH/PUT /twins/...), rendered once.
+    Twin(JsonText),
     /// A reported patch was applied; the new reported `$version`.
     Reported { version: i64 },
     /// DELETE, connection state, a job's update of one device.
@@ -200,7 +202,7 @@ impl ShardState {
             },
         };
         if let (Remembered::Twin(_), Ok(Reply::Twin(doc))) = (&remembered, &result) {
-            self.replies.remember(cmd.request_id, doc.clone());
+            self.replies.remember(cmd.request_id, doc.clone()); // a reference count
         }
         self.dedupe.remember(cmd.request_id, remembered);
         Applied { result, events }
@@ -223,7 +225,7 @@ impl ShardState {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))
             }
             Remembered::Module(d, m) => self.module(d, m).map(Reply::Module),
-            Remembered::Twin(id) => self.twin(id).map(Reply::Twin),
+            Remembered::Twin(id) => self.twin(id).map(|doc| Reply::Twin(JsonText::render(&doc))),
             Remembered::Job(id) => self
                 .jobs
                 .jobs

@@ -226,7 +226,7 @@ impl Gen {
         let applied = self.apply(cmd);
         self.pushes_from(&applied.events, point);
         let outcome = match applied.result {
-            Ok(Reply::Twin(doc)) => twin_answer(&doc),
+            Ok(Reply::Twin(doc)) => twin_answer(&doc.to_value()),
             Ok(Reply::Reported { version }) => Outcome::Ok {
                 version: None,
                 desired_version: None,

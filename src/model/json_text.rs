@@ -1,0 +1,77 @@
+//! A rendered JSON document shared without copying.
+//!
+//! A twin write answers the whole twin document. Every replica renders it once (the retry window keeps
+//! it as text), the leader's writer sends it back over HTTP, and a forwarded write carries it between
+//! nodes: as text, each of those is a reference count, where a `serde_json::Value` was a deep clone, a
+//! serialization and, after forwarding, a parse and a second serialization.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::Error as _;
+use serde::ser::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+/// JSON text, known to be one valid JSON value. Serializes as that value (not as a string), so a
+/// message that carries it looks the same on the wire as one that carried the parsed document.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JsonText(Arc<str>);
+
+impl JsonText {
+    /// Renders a document.
+    pub fn render(doc: &Value) -> JsonText {
+        // Serializing a `Value` to a string cannot fail (its map keys are strings).
+        JsonText(serde_json::to_string(doc).unwrap_or_else(|_| "null".into()).into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The parsed document (tests, snapshots, and the rare caller that needs to look inside).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+}
+
+impl fmt::Debug for JsonText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for JsonText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let raw: &RawValue = serde_json::from_str(&self.0).map_err(S::Error::custom)?;
+        raw.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for JsonText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<JsonText, D::Error> {
+        let raw = Box::<RawValue>::deserialize(d)?;
+        if raw.get().is_empty() {
+            return Err(D::Error::custom("empty JSON text"));
+        }
+        Ok(JsonText(Arc::from(raw.get())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn travels_as_the_json_value_itself() {
+        let doc = json!({"deviceId": "d1", "properties": {"desired": {"x": 1, "$version": 2}}});
+        let text = JsonText::render(&doc);
+        let wire = serde_json::to_string(&Some(text.clone())).unwrap();
+        assert_eq!(wire, serde_json::to_string(&Some(doc.clone())).unwrap(), "same bytes as the Value");
+        let back: Option<JsonText> = serde_json::from_str(&wire).unwrap();
+        assert_eq!(back.unwrap().to_value(), doc);
+        assert_eq!(text.to_value(), doc);
+    }
+}
