@@ -81,7 +81,7 @@ pub const REPLY_BYTES: usize = 4 << 20;
 /// Kept as JSON text: a parsed document costs several times its text in memory, and a reply is read
 /// back only when a retry arrives.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(from = "Vec<(RequestId, serde_json::Value)>", into = "Vec<(RequestId, serde_json::Value)>")]
+#[serde(from = "Vec<(RequestId, JsonText)>", into = "Vec<(RequestId, JsonText)>")]
 pub struct RecentReplies {
     order: VecDeque<(RequestId, usize)>,
     docs: BTreeMap<RequestId, JsonText>,
@@ -110,19 +110,20 @@ impl RecentReplies {
     }
 }
 
-impl From<Vec<(RequestId, serde_json::Value)>> for RecentReplies {
-    fn from(v: Vec<(RequestId, serde_json::Value)>) -> RecentReplies {
+impl From<Vec<(RequestId, JsonText)>> for RecentReplies {
+    fn from(v: Vec<(RequestId, JsonText)>) -> RecentReplies {
         let mut r = RecentReplies::default();
         for (id, doc) in v {
-            r.remember(id, JsonText::render(&doc));
+            r.remember(id, doc);
         }
         r
     }
 }
 
-impl From<RecentReplies> for Vec<(RequestId, serde_json::Value)> {
+/// In a snapshot the documents are embedded as JSON values (the text itself, not re-rendered).
+impl From<RecentReplies> for Vec<(RequestId, JsonText)> {
     fn from(mut r: RecentReplies) -> Self {
-        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d.to_value()))).collect()
+        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d))).collect()
     }
 }
 

@@ -323,10 +323,10 @@ fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>, ShardErro
         election_timeout_max: 6 * config.heartbeat_ms,
         // A partitioned node rejoining must not depose a healthy leader by bumping terms.
         enable_pre_vote: Some(true),
-        // A leader that restarts must win a new election, never resume its old term. A resumed leader
-        // starts with the committed index it last saved, and that save rides on a later fsync than the
-        // entries themselves: after a power loss it can be a few entries behind writes that were
-        // acknowledged. Until a follower's answer re-teaches it, its read index (the larger of its first
+        // A leader that restarts must win a new election, never resume its old term (docs/architecture.md,
+        // invariant 10). A resumed leader starts with the committed index it last saved, and that save
+        // rides on a later fsync than the entries themselves: after a power loss it can be a few entries
+        // behind writes that were acknowledged. Until a follower's answer re-teaches it, its read index (the larger of its first
         // entry of the term and that stale committed index) is below those writes, and a linearizable
         // read served by it — or by a follower waiting for that index — misses them. A new term's blank
         // entry commits only after everything before it, so its read index covers every acknowledged
@@ -400,6 +400,23 @@ pub struct Shards {
 }
 
 impl Shards {
+    /// The Raft configuration of group `id`: the node's, with a snapshot threshold of its own.
+    ///
+    /// Shards written at the same rate reach the same entry count together; with one threshold they
+    /// would all snapshot at once, and every snapshot (several MiB: the state and its retry window)
+    /// goes through the one group-commit journal that carries every shard's appends, so writes stalled
+    /// for hundreds of milliseconds. Thresholds spread over [N, 1.5 N) keep the snapshots apart.
+    fn group_config(&self, id: ShardId) -> Arc<openraft::Config> {
+        let SnapshotPolicy::LogsSinceLast(every) = self.raft_config.snapshot_policy else {
+            return self.raft_config.clone();
+        };
+        let slots = u64::from(self.shard_count) + 1;
+        let slot = if id == META { u64::from(self.shard_count) } else { u64::from(id) % slots };
+        let spread = every / 2 * slot / slots;
+        let mut cfg = (*self.raft_config).clone();
+        cfg.snapshot_policy = SnapshotPolicy::LogsSinceLast(every + spread);
+        Arc::new(cfg)
+    }
     /// Opens (or creates) the node's database and its groups. A single-node hub opens every shard as a
     /// one-voter group and waits for each to lead. A clustered node opens the metadata group (the lowest
     /// founding id initializes it) and the shards the cluster map places here; the reconciler
@@ -489,9 +506,8 @@ impl Shards {
         let state = sm.shared();
         let log = LogStore::new(id, self.store.clone());
         let network = NetworkFactory::new(self.router.clone(), id);
-        let raft = Raft::new(self.node_id, self.raft_config.clone(), network, log, sm)
-            .await
-            .map_err(|f| fatal_error(id, &f))?;
+        let raft =
+            Raft::new(self.node_id, self.group_config(id), network, log, sm).await.map_err(|f| fatal_error(id, &f))?;
         if let Some(t) = &self.config.transport {
             t.groups().register(id, raft.clone());
         }
