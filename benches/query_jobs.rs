@@ -266,7 +266,7 @@ async fn load(c: &Cluster, twins: u64, job_twins: u64, clients: usize) -> LoadRe
         let eta = if avg > 0.0 { (twins - n.min(twins)) as f64 / avg } else { f64::INFINITY };
         let errs: u64 = errors.lock().unwrap().by_kind.values().sum();
         let finished = tasks.iter().all(|t| t.is_finished());
-        if seconds % 10 == 0 || finished {
+        if seconds.is_multiple_of(10) || finished {
             let per_node: Vec<Value> = c
                 .nodes
                 .iter()

@@ -104,6 +104,13 @@ else
   failed+=("cargo fmt (rustfmt missing: rustup component add rustfmt)")
 fi
 
+step "cargo clippy --all-targets -- -D warnings"
+if command -v cargo-clippy >/dev/null 2>&1 || rustup component add clippy >/dev/null 2>&1; then
+  cargo clippy --all-targets --quiet -- -D warnings 2>&1 || failed+=("cargo clippy --all-targets -- -D warnings")
+else
+  failed+=("cargo clippy (clippy missing: rustup component add clippy)")
+fi
+
 step "cargo build"
 cargo build 2>&1
 

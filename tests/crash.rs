@@ -34,7 +34,7 @@ fn device_of(w: usize) -> String {
 
 /// Even writers write desired properties, odd ones tags; each writer owns key `w{w}`.
 fn is_desired(w: usize) -> bool {
-    w % 2 == 0
+    w.is_multiple_of(2)
 }
 
 fn patch_for(w: usize, seq: u64) -> Value {

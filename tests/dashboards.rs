@@ -145,7 +145,7 @@ async fn every_metric_the_dashboard_and_the_alerts_read_is_exported() {
     let exported: BTreeSet<String> = page
         .lines()
         .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split(|c: char| c == '{' || c == ' ').next())
+        .filter_map(|l| l.split(['{', ' ']).next())
         .map(|n| ["_bucket", "_sum", "_count"].iter().find_map(|s| n.strip_suffix(s)).unwrap_or(n).to_string())
         .collect();
     let missing: Vec<&String> = wanted.iter().filter(|m| !exported.contains(*m)).collect();

@@ -132,10 +132,10 @@ async fn wrong_credentials_over_a_websocket_are_refused_in_connack() {
 #[tokio::test]
 async fn upgrades_without_the_mqtt_subprotocol_or_without_websocket_are_refused() {
     let srv = Server::start_default();
-    let (status, body) = open(&srv, None).await.err().expect("refused without a subprotocol");
+    let (status, body) = open(&srv, None).await.expect_err("refused without a subprotocol");
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("ArgumentInvalid") && body.contains("subprotocol"), "{body}");
-    let (status, _) = open(&srv, Some("chat")).await.err().expect("refused with another subprotocol");
+    let (status, _) = open(&srv, Some("chat")).await.expect_err("refused with another subprotocol");
     assert_eq!(status, 400);
 
     // A plain GET (no upgrade) is a clear 400, not a hang or a 404.

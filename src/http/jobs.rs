@@ -123,7 +123,7 @@ pub async fn create(
 pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, "jobs", Permission::RegistryRead)?;
     let job = st.twins()?.shards.read_meta(|s| s.jobs.jobs.get(&id).map(|j| j.render())).await?;
-    job.map(|j| ok_json(&j)).ok_or_else(|| ApiError::JobNotFound(id))
+    job.map(|j| ok_json(&j)).ok_or(ApiError::JobNotFound(id))
 }
 
 pub async fn cancel(

@@ -24,7 +24,7 @@ pub fn raise_nofile_limit() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 /// Per-listener connection caps carved from the descriptor limit.

@@ -81,13 +81,16 @@ pub struct ShardsConfig {
     pub heartbeat_ms: u64,
 }
 
+/// Receives the events of a shard's applied entries, in log order.
+pub type PublishFn = Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>;
+
 /// Receives the events of every applied command: on every replica, in log order within a shard, after
 /// the command is committed. Called on the state machine's task, so it must not block; the notification
 /// hub only queues.
 #[derive(Clone)]
 pub struct EventSink {
     /// Events of applied entries, in log order per shard.
-    pub publish: Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>,
+    pub publish: PublishFn,
     /// Some events of the shard could not be had (a tail fell behind its replica's ring): whoever
     /// follows them must be told rather than left with a silent gap.
     pub gap: Arc<dyn Fn(ShardId) + Send + Sync>,

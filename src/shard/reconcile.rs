@@ -243,7 +243,7 @@ impl Shards {
         // Forget drained nodes (every two seconds: it asks every node).
         let leaving: Vec<NodeId> =
             map.members.iter().filter(|(_, m)| m.state == MemberState::Leaving).map(|(id, _)| *id).collect();
-        if !leaving.is_empty() && pass % 4 == 0 {
+        if !leaving.is_empty() && pass.is_multiple_of(4) {
             let views = self.cluster_status().await;
             for node in leaving {
                 if self.drained(node, &views) {

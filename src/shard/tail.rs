@@ -101,7 +101,7 @@ impl EventRings {
                 return;
             }
             ring.head = index;
-            if !ring.last_read.is_some_and(|t| t.elapsed() < IDLE_AFTER) {
+            if ring.last_read.is_none_or(|t| t.elapsed() >= IDLE_AFTER) {
                 ring.clear();
                 ring.evicted_upto = index;
                 return;

@@ -36,8 +36,8 @@ impl EtcdCluster {
         eprintln!("starting etcd ({version}): {members} members under {}, {}", dir.path.display(), common.join(" "));
         let mut children = Vec::new();
         let mut clients = Vec::new();
-        for i in 0..members {
-            let client = format!("http://127.0.0.1:{}", ports[i]);
+        for (i, port) in ports.iter().enumerate().take(members) {
+            let client = format!("http://127.0.0.1:{port}");
             let log = std::fs::File::create(dir.path.join(format!("m{}.log", i + 1)))?;
             let child = Command::new(&bin)
                 .arg(format!("--name=m{}", i + 1))

@@ -409,9 +409,9 @@ async fn run_on(o: &FleetOpts, hub: &Hub, version: &str) -> anyhow::Result<Value
     let connect_started = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(o.connect_concurrency.max(1)));
     let mut connecting = Vec::new();
-    for i in 0..o.devices {
+    for (i, key) in keys.iter().enumerate().take(o.devices) {
         let ep = endpoint(hub, i, o.mqtt_tls)?;
-        let (host, id, key) = (hub.info.hostname.clone(), key_of(i), keys[i].clone());
+        let (host, id, key) = (hub.info.hostname.clone(), key_of(i), key.clone());
         let (sem, rec, state, stop) = (sem.clone(), rec.clone(), state.clone(), stop.clone());
         let rate = o.reported_rate;
         connecting.push(tokio::spawn(async move {

@@ -20,6 +20,9 @@ use crate::bench::stats::Recorder;
 use crate::bench::targets::key_of;
 use crate::bench::value::{self, SizeDist};
 
+/// One push a device received: (desired `$version`, sequence, receive time, send → receive µs).
+type Push = (i64, u64, Instant, u64);
+
 #[derive(Debug, Clone)]
 pub struct HotOpts {
     pub cluster: Option<PathBuf>,
@@ -83,7 +86,7 @@ async fn run_on(o: &HotOpts, cluster: &Cluster) -> anyhow::Result<Value> {
             .map_err(|e| anyhow::anyhow!("device: {e}"))?;
     // The device: records (version, seq, receive time, send → receive µs) of every push. A slow device
     // sleeps in its MQTT event loop (it reads its socket slowly), not here.
-    let seen: Arc<Mutex<Vec<(i64, u64, Instant, u64)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Push>>> = Arc::default();
     let collector = {
         let seen = seen.clone();
         let rec = rec.clone();
