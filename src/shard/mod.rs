@@ -9,8 +9,15 @@
 //! - [`log_store`]: openraft's `RaftLogStorage` for one shard.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
 //! - [`network`]: the per-node router every group shares; over the cluster transport when there is one.
+//! - `error`, `config`, `group`, `calls`: the layer's error type (and the mapping of openraft's), its
+//!   configuration, one shard's handle (proposals, linearizable reads), and what peers may call.
+//! - this file: [`Shards`], the registry of a node's groups as the cluster map places them.
 
 mod backoff;
+mod calls;
+mod config;
+mod error;
+mod group;
 pub mod group_commit;
 pub mod log_store;
 pub mod network;
@@ -20,66 +27,34 @@ pub mod store;
 pub mod tail;
 pub mod types;
 
+pub use calls::META_WRITE_CALL;
+use calls::{register_calls, remote_meta_write};
+pub use config::ShardsConfig;
+use config::{check_layout, raft_config};
+pub use error::ShardError;
+use error::{fatal_error, storage_error, write_error};
+pub use group::{Shard, READ_INDEX_CALL};
+
+/// How long `Shards::open` waits for every group to elect itself and catch up.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
-use openraft::error::{ClientWriteError, Fatal, InitializeError, LinearizableReadError, RaftError};
-use openraft::{ReadPolicy, SnapshotPolicy};
-use tokio::sync::{mpsc, oneshot};
+use openraft::error::{Fatal, InitializeError, RaftError};
+use openraft::SnapshotPolicy;
+use tokio::sync::mpsc;
 
 use crate::cluster::map::{ClusterMap, ClusterOp};
 use crate::ids::{NodeId, ShardId};
-use crate::model::{Applied, Command, ShardState};
+use crate::model::{Command, ShardState};
 use log_store::LogStore;
 use network::{NetworkFactory, ShardRouter};
-use state_machine::{SharedState, StateMachine};
+use state_machine::StateMachine;
 use store::Store;
-use types::{ClientWriteResult, Node, Raft, ShardResponder, TypeConfig};
-
-/// Errors of the shard layer, protocol-free. Serializable: a forwarded request carries them back.
-#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
-pub enum ShardError {
-    /// This node does not lead the shard; `leader` is the current leader if known. Retryable.
-    #[error("node does not lead shard {shard} (leader: {leader:?})")]
-    NotLeader { shard: ShardId, leader: Option<NodeId> },
-    /// Storage failed: the shard stops serving rather than acknowledge what it could not persist.
-    #[error("storage error on shard {shard}: {msg}")]
-    Storage { shard: ShardId, msg: String },
-    /// The request did not complete in time; it may or may not have been applied. Retryable.
-    #[error("shard {shard} timed out")]
-    Timeout { shard: ShardId },
-    #[error("shard {shard} is shutting down")]
-    ShuttingDown { shard: ShardId },
-    #[error("shard {shard}: {msg}")]
-    Fatal { shard: ShardId, msg: String },
-    /// A cluster-map change the map refused (unknown or retired node, too few nodes left, ...).
-    #[error("{msg}")]
-    Refused { msg: String },
-}
-
-/// How a node's shards are opened.
-#[derive(Clone, Debug)]
-pub struct ShardsConfig {
-    pub data_dir: PathBuf,
-    pub node_id: NodeId,
-    pub shard_count: u32,
-    /// Take a snapshot (and purge the log before it) after this many applied entries.
-    pub snapshot_every: u64,
-    /// Where the events of applied commands go (desired pushes, change events).
-    pub events: Option<EventSink>,
-    /// Inter-node transport; `None`: a single-node hub whose groups have one voter.
-    pub transport: Option<crate::cluster::transport::Transport>,
-    /// Founding members (id → inter-node address) every group starts with. Only the lowest id
-    /// initializes the groups; the others learn the membership from its log. Empty: this node alone.
-    pub members: BTreeMap<NodeId, String>,
-    /// A member's address this node joins through (it is then not a founder).
-    pub join: Option<String>,
-    /// Raft heartbeat; elections time out after 3 to 6 heartbeats.
-    pub heartbeat_ms: u64,
-}
+use types::{Node, Raft};
 
 /// Receives the events of a shard's applied entries, in log order.
 pub type PublishFn = Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>;
@@ -100,251 +75,6 @@ impl std::fmt::Debug for EventSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EventSink")
     }
-}
-
-/// How long `write` and `read` wait before answering `Timeout` (the request may still apply).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Name of the transport call that answers a shard's read index (`postcard(ShardId)` in,
-/// `postcard(Result<Option<u64>, ShardError>)` out).
-pub const READ_INDEX_CALL: &str = "shard.read-index";
-
-const REMOTE_READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long `Shards::open` waits for every group to elect itself and catch up.
-const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
-
-type Reply = oneshot::Sender<Result<Applied, ShardError>>;
-
-/// One shard: its Raft group and its applied state.
-pub struct Shard {
-    pub id: ShardId,
-    node_id: NodeId,
-    raft: Raft,
-    transport: Option<crate::cluster::transport::Transport>,
-    state: SharedState,
-    /// Pipelined proposals, in call order, to the task that hands them to Raft. `None` once shut down.
-    proposals: Mutex<Option<mpsc::UnboundedSender<(Command, Reply)>>>,
-}
-
-impl Shard {
-    /// Proposes a command and waits until it is committed (durable on a majority) and applied.
-    pub async fn write(&self, cmd: Command) -> Result<Applied, ShardError> {
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(cmd)).await {
-            Err(_) => Err(ShardError::Timeout { shard: self.id }),
-            Ok(Ok(resp)) => Ok(resp.data),
-            Ok(Err(RaftError::APIError(e))) => Err(write_error(self.id, e)),
-            Ok(Err(RaftError::Fatal(f))) => Err(fatal_error(self.id, &f)),
-        }
-    }
-
-    /// Proposes without waiting: commands proposed in this order are applied in this order, and
-    /// `reply` receives the outcome after commit. This is how twin actors pipeline.
-    pub fn write_pipelined(&self, cmd: Command, reply: tokio::sync::oneshot::Sender<Result<Applied, ShardError>>) {
-        let tx = self.proposals.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(tx) = tx else {
-            let _ = reply.send(Err(ShardError::ShuttingDown { shard: self.id }));
-            return;
-        };
-        if let Err(mpsc::error::SendError((_, reply))) = tx.send((cmd, reply)) {
-            let _ = reply.send(Err(ShardError::ShuttingDown { shard: self.id }));
-        }
-    }
-
-    /// A linearizable read of the applied state: on the leader a read index; on a follower the
-    /// leader's read index fetched over the transport, then a wait until this replica has applied up to
-    /// it (so any replica answers what a majority has committed, without moving the request).
-    pub async fn read<R>(&self, f: impl FnOnce(&ShardState) -> R) -> Result<R, ShardError> {
-        self.linearize().await?;
-        Ok(self.read_local(f))
-    }
-
-    /// Waits until a read of this replica's applied state is linearizable (see [`Shard::read`]).
-    pub async fn linearize(&self) -> Result<(), ShardError> {
-        match self.read_index().await {
-            Ok(_) => Ok(()),
-            Err(ShardError::NotLeader { leader: Some(leader), .. })
-                if leader != self.node_id && self.transport.is_some() =>
-            {
-                let index = self.remote_read_index(leader).await?;
-                if let Some(index) = index {
-                    self.raft
-                        .wait(Some(REQUEST_TIMEOUT))
-                        .applied_index_at_least(Some(index), "read index applied")
-                        .await
-                        .map_err(|_| ShardError::Timeout { shard: self.id })?;
-                }
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The leader's read index: the log index a linearizable read must have applied.
-    pub async fn read_index(&self) -> Result<Option<u64>, ShardError> {
-        let check = self.raft.ensure_linearizable(ReadPolicy::ReadIndex);
-        match tokio::time::timeout(REQUEST_TIMEOUT, check).await {
-            Err(_) => Err(ShardError::Timeout { shard: self.id }),
-            Ok(Ok(read)) => Ok(Some(read.log_id().index)),
-            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(fwd)))) => {
-                Err(ShardError::NotLeader { shard: self.id, leader: fwd.leader_id })
-            }
-            Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))) => {
-                Err(ShardError::Timeout { shard: self.id })
-            }
-            Ok(Err(RaftError::Fatal(f))) => Err(fatal_error(self.id, &f)),
-        }
-    }
-
-    async fn remote_read_index(&self, leader: NodeId) -> Result<Option<u64>, ShardError> {
-        let Some(t) = &self.transport else {
-            return Err(ShardError::NotLeader { shard: self.id, leader: Some(leader) });
-        };
-        let body =
-            postcard::to_allocvec(&self.id).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
-        let answer = t.call(leader, READ_INDEX_CALL, body.into(), Some(REMOTE_READ_TIMEOUT)).await.map_err(|e| {
-            tracing::debug!(shard = self.id, leader, "remote read index: {e}");
-            ShardError::NotLeader { shard: self.id, leader: None }
-        })?;
-        let r: Result<Option<u64>, ShardError> =
-            postcard::from_bytes(&answer).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
-        r
-    }
-
-    /// Makes `node` a voter of this shard: first a learner that has caught up (blocking), then a voter,
-    /// one membership change at a time as openraft requires. Idempotent. Leader only.
-    pub async fn add_voter(&self, node: NodeId, addr: &str) -> Result<(), ShardError> {
-        let voters: Vec<NodeId> =
-            self.raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
-        if voters.contains(&node) {
-            return Ok(());
-        }
-        let step = |r: Result<_, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>| match r {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(e)) => Err(write_error(self.id, e)),
-            Err(RaftError::Fatal(f)) => Err(fatal_error(self.id, &f)),
-        };
-        step(self.raft.add_learner(node, Node { addr: addr.to_string() }, true).await)?;
-        step(self.raft.change_membership(openraft::ChangeMembers::AddVoterIds([node].into()), false).await)
-    }
-
-    /// Removes `node` from this shard's voters (and from its learners). Idempotent. Leader only.
-    pub async fn remove_voter(&self, node: NodeId) -> Result<(), ShardError> {
-        let m = self.raft.metrics().borrow_watched().membership_config.clone();
-        let is_voter = m.membership().voter_ids().any(|v| v == node);
-        let is_learner = m.membership().learner_ids().any(|v| v == node);
-        if !is_voter && !is_learner {
-            return Ok(());
-        }
-        let r = self.raft.change_membership(openraft::ChangeMembers::RemoveVoters([node].into()), false).await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(e)) => Err(write_error(self.id, e)),
-            Err(RaftError::Fatal(f)) => Err(fatal_error(self.id, &f)),
-        }
-    }
-
-    /// The current leader as this replica knows it.
-    pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow_watched().current_leader
-    }
-
-    /// Whether this node leads the shard now.
-    pub fn is_leader(&self) -> bool {
-        self.leader() == Some(self.node_id)
-    }
-
-    pub fn raft(&self) -> &Raft {
-        &self.raft
-    }
-
-    /// Reads the local applied state without a linearizability check.
-    pub fn read_local<R>(&self, f: impl FnOnce(&ShardState) -> R) -> R {
-        let applied = self.state.read().unwrap_or_else(|e| e.into_inner());
-        f(&applied.state)
-    }
-
-    /// Why the group stopped, if it did: a storage failure is reported as such, not as a shutdown.
-    fn stopped_error(raft: &Raft, shard: ShardId) -> ShardError {
-        match &raft.metrics().borrow_watched().running_state {
-            Err(f) => fatal_error(shard, f),
-            Ok(()) => ShardError::ShuttingDown { shard },
-        }
-    }
-
-    /// Hands pipelined proposals to Raft one after the other, so Raft sees them in call order.
-    async fn run_proposer(shard: ShardId, raft: Raft, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-        while let Some((cmd, reply)) = rx.recv().await {
-            let r = raft.clone();
-            let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
-                let out = match res {
-                    Some(Ok(resp)) => Ok(resp.data),
-                    Some(Err(e)) => Err(write_error(shard, e)),
-                    None => Err(Shard::stopped_error(&r, shard)),
-                };
-                let _ = reply.send(out);
-            });
-            // On a fatal error the responder is dropped unanswered and reports why itself.
-            let _ = raft.client_write_ff(cmd, Some(responder)).await;
-        }
-    }
-}
-
-fn write_error(shard: ShardId, e: ClientWriteError<TypeConfig>) -> ShardError {
-    match e {
-        ClientWriteError::ForwardToLeader(f) => ShardError::NotLeader { shard, leader: f.leader_id },
-        // Discarded on a leader change: it may still commit through the new leader, so the outcome is
-        // unknown (retry with the same request id; apply deduplicates).
-        ClientWriteError::LogEntryDiscarded(_) => ShardError::Timeout { shard },
-        other => ShardError::Fatal { shard, msg: other.to_string() },
-    }
-}
-
-fn fatal_error(shard: ShardId, f: &Fatal<TypeConfig>) -> ShardError {
-    match f {
-        Fatal::StorageError(e) => ShardError::Storage { shard, msg: e.to_string() },
-        Fatal::Stopped => ShardError::ShuttingDown { shard },
-        Fatal::Panicked => ShardError::Fatal { shard, msg: "raft core panicked".into() },
-    }
-}
-
-fn storage_error(shard: ShardId, e: impl std::fmt::Display) -> ShardError {
-    ShardError::Storage { shard, msg: e.to_string() }
-}
-
-/// Raft timing for many groups on a small box. openraft ticks every group separately (100 groups at a
-/// 50 ms heartbeat cost ~30 % of a core idle on 2 cores), so tens of groups per node at a 100 ms
-/// heartbeat. A follower starts an election only after the leader lease (`election_timeout_max`) has
-/// run out *and* its own random election timeout, so failover takes roughly max + [min, max]:
-/// 0.6 + 0.3…0.6 s here (the 1–2 s of the single-node era measured 3.3–3.9 s on a 3-node group).
-fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>, ShardError> {
-    let every = config.snapshot_every.max(1);
-    let cfg = openraft::Config {
-        cluster_name: "twinhub".into(),
-        heartbeat_interval: config.heartbeat_ms,
-        election_timeout_min: 3 * config.heartbeat_ms,
-        election_timeout_max: 6 * config.heartbeat_ms,
-        // A partitioned node rejoining must not depose a healthy leader by bumping terms.
-        enable_pre_vote: Some(true),
-        // A leader that restarts must win a new election, never resume its old term (docs/architecture.md,
-        // invariant 10). A resumed leader starts with the committed index it last saved, and that save
-        // rides on a later fsync than the entries themselves: after a power loss it can be a few entries
-        // behind writes that were acknowledged. Until a follower's answer re-teaches it, its read index (the larger of its first
-        // entry of the term and that stale committed index) is below those writes, and a linearizable
-        // read served by it — or by a follower waiting for that index — misses them. A new term's blank
-        // entry commits only after everything before it, so its read index covers every acknowledged
-        // write. The price is one election (3 to 6 heartbeats) after a leader restarts.
-        enable_leader_restore: Some(false),
-        // Snapshots travel in one RPC: the default 200 ms deadline cannot carry a large shard.
-        install_snapshot_timeout: 30_000,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(every),
-        // A follower a little behind catches up from the log rather than a full snapshot.
-        max_in_snapshot_log_to_keep: every.min(1000),
-        // Purge in chunks, not entry by entry: each purge is a write.
-        purge_batch_size: every.min(1024),
-        ..Default::default()
-    };
-    cfg.validate().map(Arc::new).map_err(|e| ShardError::Fatal { shard: 0, msg: format!("raft config: {e}") })
 }
 
 /// One replica's view of a shard.
@@ -754,159 +484,5 @@ impl Shards {
     }
 }
 
-impl Shard {
-    /// This replica's view of its group.
-    pub fn status(&self) -> ShardStatus {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        let last = m.last_log_index.unwrap_or(0);
-        ShardStatus {
-            shard: self.id,
-            leader: m.current_leader,
-            is_leader: m.current_leader == Some(self.node_id),
-            term: m.current_term,
-            last_log_index: last,
-            committed: m.local_committed.map(|l| l.index).unwrap_or(0),
-            applied: m.last_applied.map(|l| l.index).unwrap_or(0),
-            voters: membership.voter_ids().collect(),
-            learners: membership.learner_ids().collect(),
-            lag: m
-                .replication
-                .as_ref()
-                .map(|r| r.iter().map(|(n, l)| (*n, last.saturating_sub(l.map(|l| l.index).unwrap_or(0)))).collect())
-                .unwrap_or_default(),
-            healthy: m.running_state.is_ok(),
-        }
-    }
-}
-
-/// Transport call that proposes a cluster-map change on the metadata leader: `serde_json(Command)` in,
-/// `serde_json(Result<Applied, ShardError>)` out.
-pub const META_WRITE_CALL: &str = "meta.write";
-
-async fn remote_meta_write(meta: &Shard, leader: NodeId, cmd: &Command) -> Result<Applied, ShardError> {
-    let Some(t) = &meta.transport else { return Err(ShardError::NotLeader { shard: META, leader: Some(leader) }) };
-    let body = serde_json::to_vec(cmd).map_err(|e| ShardError::Fatal { shard: META, msg: e.to_string() })?;
-    let answer = t.call(leader, META_WRITE_CALL, body.into(), Some(Duration::from_secs(5))).await.map_err(|e| {
-        tracing::debug!(leader, "cluster-map change on the metadata leader: {e}");
-        ShardError::Timeout { shard: META }
-    })?;
-    serde_json::from_slice::<Result<Applied, ShardError>>(&answer)
-        .map_err(|e| ShardError::Fatal { shard: META, msg: e.to_string() })?
-}
-
-fn call_error(e: impl std::fmt::Display) -> crate::cluster::transport::CallError {
-    crate::cluster::transport::CallError(e.to_string())
-}
-
-/// Answers peers: read indexes, cluster-map writes, event tails.
-fn register_calls(t: &crate::cluster::transport::Transport, shards: &Arc<Shards>) {
-    let s = Arc::downgrade(shards);
-    t.handlers().register(READ_INDEX_CALL, move |_from, body: bytes::Bytes| {
-        let s = s.clone();
-        async move {
-            let id: ShardId =
-                postcard::from_bytes(&body).map_err(|e| call_error(format!("bad read-index request: {e}")))?;
-            let group = s.upgrade().and_then(|s| if id == META { s.meta.clone() } else { s.local(id) });
-            let r = match group {
-                Some(g) => g.read_index().await,
-                None => Err(ShardError::NotLeader { shard: id, leader: None }),
-            };
-            postcard::to_allocvec(&r).map(bytes::Bytes::from).map_err(call_error)
-        }
-    });
-    let s = Arc::downgrade(shards);
-    t.handlers().register(META_WRITE_CALL, move |_from, body: bytes::Bytes| {
-        let s = s.clone();
-        async move {
-            let cmd: Command = serde_json::from_slice(&body).map_err(|e| call_error(format!("bad map change: {e}")))?;
-            let r = match s.upgrade().and_then(|s| s.meta.clone()) {
-                Some(m) if m.is_leader() => m.write(cmd).await,
-                Some(m) => Err(ShardError::NotLeader { shard: META, leader: m.leader() }),
-                None => Err(ShardError::NotLeader { shard: META, leader: None }),
-            };
-            serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(call_error)
-        }
-    });
-    let s = Arc::downgrade(shards);
-    t.handlers().register(tail::EVENTS_CALL, move |_from, body: bytes::Bytes| {
-        let s = s.clone();
-        async move {
-            let (id, after): (ShardId, Option<u64>) =
-                postcard::from_bytes(&body).map_err(|e| call_error(format!("bad event tail request: {e}")))?;
-            let r = match s.upgrade() {
-                Some(s) if s.local(id).is_some() => Ok(s.rings.wait_page(id, after, tail::LONG_POLL).await),
-                _ => Err(ShardError::NotLeader { shard: id, leader: None }),
-            };
-            serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(call_error)
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests;
-
-/// The shard count decides where every device lives (`hash(deviceId) mod S`): reopening a data
-/// directory with another count would make existing devices look lost. The count is recorded on first
-/// open and a mismatch is refused with a message naming both numbers.
-fn check_layout(config: &ShardsConfig) -> Result<(), ShardError> {
-    let path = config.data_dir.join("shard-count");
-    let want = config.shard_count.max(1);
-    let io = |e: std::io::Error| ShardError::Storage { shard: 0, msg: format!("{}: {e}", path.display()) };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let have: u32 = text.trim().parse().map_err(|_| ShardError::Fatal {
-                shard: 0,
-                msg: format!("{} holds {:?}, not a shard count", path.display(), text.trim()),
-            })?;
-            if have != want {
-                return Err(ShardError::Fatal {
-                    shard: 0,
-                    msg: format!(
-                        "data directory {} was created with {have} shards; refusing to open it with {want} \
-                         (devices would hash to other shards)",
-                        config.data_dir.display()
-                    ),
-                });
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            crate::secrets::create_private_dir(&config.data_dir).map_err(io)?;
-            let tmp = config.data_dir.join("shard-count.tmp");
-            std::fs::write(&tmp, format!("{want}\n")).map_err(io)?;
-            std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
-            std::fs::rename(&tmp, &path).map_err(io)?;
-            Ok(())
-        }
-        Err(e) => Err(io(e)),
-    }
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::*;
-
-    fn config(dir: &std::path::Path, shard_count: u32) -> ShardsConfig {
-        ShardsConfig {
-            data_dir: dir.to_path_buf(),
-            node_id: 1,
-            shard_count,
-            snapshot_every: 1000,
-            events: None,
-            transport: None,
-            members: BTreeMap::new(),
-            join: None,
-            heartbeat_ms: 100,
-        }
-    }
-
-    #[test]
-    fn test_shard_count_mismatch_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        check_layout(&config(dir.path(), 8)).unwrap();
-        check_layout(&config(dir.path(), 8)).unwrap();
-        let err = check_layout(&config(dir.path(), 16)).unwrap_err();
-        assert!(err.to_string().contains("created with 8 shards"), "{err}");
-    }
-}
