@@ -143,13 +143,14 @@ impl Shards {
         let SnapshotPolicy::LogsSinceLast(every) = self.raft_config.snapshot_policy else {
             return self.raft_config.clone();
         };
-        let slots = u64::from(self.shard_count) + 1;
-        let slot = if id == META { u64::from(self.shard_count) } else { u64::from(id) % slots };
-        let spread = every / 2 * slot / slots;
+        // Data shards take slots 0..S, the metadata group (id META) the last one.
+        let slot = u64::from(id.min(self.shard_count));
+        let spread = every / 2 * slot / (u64::from(self.shard_count) + 1);
         let mut cfg = (*self.raft_config).clone();
         cfg.snapshot_policy = SnapshotPolicy::LogsSinceLast(every + spread);
         Arc::new(cfg)
     }
+
     /// Opens (or creates) the node's database and its groups. A single-node hub opens every shard as a
     /// one-voter group and waits for each to lead. A clustered node opens the metadata group (the lowest
     /// founding id initializes it) and the shards the cluster map places here; the reconciler
