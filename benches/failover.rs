@@ -23,8 +23,7 @@
 //! kill in them).
 //! Progress on stderr; results on stdout and in `target/failover.json`. Asserts nothing about numbers.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

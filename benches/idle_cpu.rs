@@ -12,15 +12,14 @@
 //! default of `twinhub cluster up`), `IDLE_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`). Results on stdout
 //! and in `target/idle_cpu.json`; asserts nothing.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use serde_json::json;
-use twinhub::bench::procs::{cpu_secs, status_kib};
+use twinhub_bench::procs::{cpu_secs, status_kib};
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {

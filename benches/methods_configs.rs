@@ -17,8 +17,7 @@
 //! `MC_CALLERS` (8), `--twins`/`MC_TWINS` (100000; 0 skips (b)). Progress goes to stderr, results to
 //! stdout. Numbers are printed, never asserted; a call that fails is an error (exit 1).
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

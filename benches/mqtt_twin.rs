@@ -25,8 +25,7 @@
 //! SDK). Progress goes to stderr, results to stdout. Numbers are printed, never asserted; the only
 //! failure (exit 1) is a correctness violation in (c) or a protocol error.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -32,8 +32,7 @@
 //! Progress on stderr; results on stdout and in `target/query_jobs.json`. Asserts nothing about
 //! speed; exits non-zero on a wrong answer.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -10,8 +10,7 @@
 //! (64), `--duration`/`BENCH_DURATION` seconds (20), `--warmup`/`BENCH_WARMUP` seconds (3),
 //! `--shards`/`BENCH_SHARDS` (server default). This is a benchmark: it asserts nothing about numbers.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
+use twinhub_testkit as common;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

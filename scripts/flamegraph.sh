@@ -14,7 +14,7 @@ OUT=${1:-target/flame-write-path.svg}
 SECS=${2:-10}
 command -v perf >/dev/null || { echo "perf is not installed (apt-get install linux-perf)" >&2; exit 2; }
 command -v inferno-flamegraph >/dev/null || cargo install inferno --locked
-cargo build --release --bin twinhub
+cargo build --release -p twinhub -p twinhub-bench   # the server and the load generator `twinhub bench` runs
 BIN=$PWD/target/release/twinhub
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -2,6 +2,11 @@
 //!
 //! # Layout
 //!
+//! The pure core (the twin model, the query language, the cluster map and placement, identifiers) is
+//! its own crate, `twinhub-core`, re-exported here as [`model`], [`query`] and [`ids`] so the layers
+//! above it read as one tree. The chaos suite and the load generator are companion programs
+//! (`twinhub-chaos`, `twinhub-bench`) that `twinhub chaos` and `twinhub bench` run.
+//!
 //! The modules follow the path of a write:
 //!
 //! - [`model`]: the pure twin model: documents, `$metadata`, versions, etags, limits, the identity
@@ -18,16 +23,11 @@
 //! - [`mqtt`]: the device MQTT front door (`$iothub/twin/...`), one identity per connection.
 //! - [`http`]: the HTTPS service API (registry and twins, `GET /twin-changes`), IoT Hub's error bodies.
 //! - [`node`]: owns everything a process runs; start and graceful shutdown.
-//! - [`chaos`]: the chaos suite's pure history checker: versions, linearizability (WGL), lost writes, pushes.
 //! - [`query`], [`jobs`]: the IoT Hub query language, scattered to every shard; Jobs v2 on top of it.
-//! - [`bench`]: `twinhub bench`, the fleet load generator and the etcd/NATS comparison; it drives a
-//!   cluster strictly from outside, over HTTPS and MQTT, like any user would.
-//! - [`cli`]: `twinhub serve`, `cluster`, `chaos`, `bench`, and the configuration (flags, `TWINHUB_*`
-//!   variables, TOML).
+//! - [`cli`]: `twinhub serve`, `cluster`, the admin commands, and the configuration (flags, `TWINHUB_*`
+//!   variables, TOML); `chaos` and `bench` hand over to their programs.
 
 pub mod auth;
-pub mod bench;
-pub mod chaos;
 pub mod cli;
 pub mod cluster;
 pub mod configurations;
@@ -35,18 +35,16 @@ pub mod configurations;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
-pub mod ids;
 pub mod jobs;
-pub mod model;
 pub mod mqtt;
 pub mod net;
 pub mod node;
 pub mod notify;
-pub mod query;
 pub mod secrets;
 pub mod shard;
 pub mod sysmetrics;
 pub mod tls;
 pub mod twin;
 
-pub use ids::{NodeId, ShardId, TwinId};
+pub use twinhub_core::{ids, model, query};
+pub use twinhub_core::{NodeId, ShardId, TwinId};

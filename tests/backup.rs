@@ -3,7 +3,7 @@
 //! backup began and none twice; jobs, configurations and device keys come along; damaged files and
 //! non-empty targets are refused without touching anything.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! The bulk registry operation (`POST /devices`) against the real binary: every import mode, a bad
 //! entry failing alone while the others apply, IoT Hub's result body, and the call's limits.
 
-mod common;
+use twinhub_testkit as common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! command's output is checked against what the hub holds afterwards, and each failure against its
 //! documented exit code and the hub's own error text.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -491,4 +491,44 @@ async fn cluster_status_asks_remote_nodes_with_a_connection_string() {
     assert!(table.lines().filter(|l| l.contains("false")).count() >= 1, "the dead address shows unreachable: {table}");
     assert!(String::from_utf8_lossy(&out.stderr).contains(&free.to_string()));
     c.assert_no_panics();
+}
+
+/// `twinhub chaos` and `twinhub bench` are separate programs the `twinhub` command hands over to: their
+/// own options reach them unchanged, the tool learns which `twinhub` started it, and a missing
+/// companion is named with the command that builds it.
+#[test]
+fn chaos_and_bench_run_their_companion_programs() {
+    let bin = bin_path();
+    // Both companions are built beside the server by `cargo build` of the workspace.
+    twinhub_testkit::companion("twinhub-chaos");
+    twinhub_testkit::companion("twinhub-bench");
+    let help = |args: &[&str]| {
+        let out = Command::new(&bin).args(args).output().unwrap();
+        assert!(out.status.success(), "twinhub {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let chaos = help(&["chaos", "--help"]);
+    assert!(chaos.contains("--profile") && chaos.contains("--background-twins"), "{chaos}");
+    let bench = help(&["bench", "--help"]);
+    assert!(bench.contains("compare") && bench.contains("latency-sweep"), "{bench}");
+    // A bad option is the companion's to refuse, with clap's usage error (exit 2).
+    let out = Command::new(&bin).args(["bench", "compare", "--no-such-flag"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--no-such-flag"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The server alone in a directory: the hand-over fails with a clear error, nothing else runs.
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("twinhub");
+    std::fs::copy(&bin, &lone).unwrap();
+    let out = Command::new(&lone).args(["bench", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("twinhub-bench is not installed beside") && err.contains("cargo build -p twinhub-bench"),
+        "{err}"
+    );
 }

@@ -13,7 +13,7 @@
 //! and every node restarted here is SIGKILLed. On failure the cluster directory (node logs under
 //! `node-*/twinhub.log`) is kept and its path printed.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! that node only; and a packet capture of the cluster ports during writes shows none of the twin
 //! JSON that a capture of the plain MQTT port (same writes) does show.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //! from the same data directory, several times. Every acknowledged write must survive, and no twin
 //! `version`, desired `$version` or etag may go back or repeat across restarts.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! `promtool` accepts the rules and the scrape config, and every metric either of them reads is on a
 //! real node's `/metrics` after a little traffic (HTTPS, MQTT, change events).
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! API (`GET /twin-changes`), resuming with `Last-Event-ID`, coalescing for a slow consumer, and the
 //! embedded event broker (MQTT over TLS, policy SAS login, `twin-changes/{deviceId}` topics).
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -6,7 +6,7 @@
 //! covers the m versions up to its own), or be covered by an explicit `resync` (after which the
 //! consumer re-reads the twin, as a real one would) — and the versions it sees never go back.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::HashSet;
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! The HTTPS service API (docs/iothub-protocol.md §3.1–3.2) against the real `twinhub` binary: registry, twins,
 //! optimistic concurrency, SAS auth, malformed input and limits.
 
-mod common;
+use twinhub_testkit as common;
 
 use common::*;
 use serde_json::{json, Value};

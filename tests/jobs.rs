@@ -2,7 +2,7 @@
 //! its condition matches, once each, and records per-device rows queryable as `devices.jobs`;
 //! scheduled jobs wait and can be cancelled; bad requests are refused before anything is stored.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! Tests that need the notification hub's desired pushes: `desired_patch_and_replace_are_pushed`,
 //! `reconnect_flow_receives_only_newer_pushes_without_resubscribing`.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! aggregates with GROUP BY, paging through `x-ms-max-item-count` / `x-ms-continuation`, module twins,
 //! and the errors (syntax error with its position, a foreign continuation token, a bad page size).
 
-mod common;
+use twinhub_testkit as common;
 
 use std::collections::BTreeSet;
 

@@ -17,7 +17,7 @@
 //! The signing code here is written from the protocol's description (`cluster::transport::auth`), not
 //! borrowed from the server, so it also pins the wire format.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -11,7 +11,7 @@
 //! - token scopes compare paths case-sensitively; membership changes need the owner policy; a job id
 //!   with quotes is not pasted into a query.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

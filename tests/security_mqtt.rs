@@ -6,7 +6,7 @@
 //! chosen source address, a CONNECT with a will, keep-alive 0). Every flood comes from 127.0.0.1; a
 //! client that must get through during a flood binds 127.0.0.2 (Linux routes all of 127/8 to `lo`).
 
-mod common;
+use twinhub_testkit as common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

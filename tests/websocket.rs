@@ -3,7 +3,7 @@
 //! MQTT packets. The official Python device SDK's `websockets=True` is exercised in
 //! tests/python/test_websockets.py; this file covers what a stranger can do with the endpoint.
 
-mod common;
+use twinhub_testkit as common;
 
 use std::time::Duration;
 

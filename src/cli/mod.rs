@@ -3,17 +3,18 @@
 
 pub mod admin;
 pub mod backup;
-pub mod bench;
-pub mod chaos;
 pub mod cluster;
+mod companion;
 pub mod config;
 mod https;
 pub mod remote;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub use companion::companion_binary;
 pub use config::{Config, ConfigError, ServeArgs};
 
 #[derive(Parser, Debug)]
@@ -37,10 +38,19 @@ enum Command {
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
     /// Run the chaos suite against a cluster it starts itself (needs root: namespaces, iptables).
-    Chaos(chaos::ChaosArgs),
+    /// Runs the `twinhub-chaos` program installed beside this one; `twinhub chaos --help` for its options.
+    #[command(disable_help_flag = true)]
+    Chaos {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Load generator and peer comparison (etcd, NATS JetStream KV); see benches/README.md.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// Runs the `twinhub-bench` program installed beside this one; `twinhub bench --help` for its commands.
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Write a consistent backup of a running cluster (devices, twins, job rows, jobs, configurations).
     Backup(backup::BackupArgs),
     /// Seed a new (empty) cluster from a backup, after checking the whole file.
@@ -58,13 +68,11 @@ enum Command {
     Job(admin::job::JobCommand),
     /// Follow the change feed (twin changes, lifecycle, connection state) as JSON lines; resumable.
     Watch(admin::watch::WatchArgs),
-    /// The chaos suite's power-loss file system (started by `twinhub chaos`; see chaos/README.md).
-    #[command(hide = true)]
-    ChaosFs(crate::chaos::powerfs::ChaosFsArgs),
 }
 
-pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+/// Logs go to stderr through `tracing`, filtered by `RUST_LOG` (default: info, quieter dependencies).
+/// Every twinhub program (the server and its companions) starts with this.
+pub fn init_tracing() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -74,6 +82,11 @@ pub fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,fjall=warn,lsm_tree=warn")),
         )
         .init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Cluster(c) => {
@@ -81,8 +94,8 @@ pub fn main() -> ExitCode {
             crate::secrets::restrict_umask();
             cluster::run(c)
         }
-        Command::Chaos(a) => chaos::main(a),
-        Command::Bench(b) => bench::main(b),
+        Command::Chaos { args } => companion::run("twinhub-chaos", args),
+        Command::Bench { args } => companion::run("twinhub-bench", args),
         Command::Backup(a) => {
             // The backup holds every device key.
             crate::secrets::restrict_umask();
@@ -94,7 +107,6 @@ pub fn main() -> ExitCode {
         Command::Query(a) => admin::run(|| admin::query::main(a)),
         Command::Job(c) => admin::run(|| admin::job::main(c)),
         Command::Watch(a) => admin::run(|| admin::watch::main(a)),
-        Command::ChaosFs(a) => crate::chaos::powerfs::main(a),
     }
 }
 

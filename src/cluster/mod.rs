@@ -1,10 +1,11 @@
 //! The cluster layer: where shards live and how nodes talk.
 //!
-//! - [`map`]: the cluster map (members, target placement), the metadata group's state (pure).
-//! - [`placement`]: which nodes hold each shard's replicas, and balanced rebalance plans (pure).
+//! - [`map`]: the cluster map (members, target placement), the metadata group's state (pure, from
+//!   `twinhub-core`).
+//! - [`placement`]: which nodes hold each shard's replicas, and balanced rebalance plans (pure, from
+//!   `twinhub-core`).
 //! - [`transport`]: one authenticated HTTP/2 connection per peer carrying every shard group's Raft
 //!   RPCs and generic calls (request forwarding); the server side dispatches to local groups.
 
-pub mod map;
-pub mod placement;
+pub use twinhub_core::cluster::{map, placement};
 pub mod transport;

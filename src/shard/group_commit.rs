@@ -314,7 +314,7 @@ impl Writer {
 pub const SKIP_FSYNC_MUTATION_ENV: &str = "TWINHUB_MUTATION_SKIP_RAFT_FSYNC";
 
 /// Whether the group commit skips its fsync: a deliberate durability bug, so that the chaos suite's
-/// power-loss scenarios can show that they catch one (`tests/chaos_power_mutation.rs`). Only debug
+/// power-loss scenarios can show that they catch one (`crates/chaos/tests/power.rs`). Only debug
 /// builds honour it (`cfg(debug_assertions)`): a release build compiles the check away, whatever its
 /// environment says. The node logs an error at start when it is on.
 pub fn skip_fsync_mutation() -> bool {

@@ -1,0 +1,274 @@
+//! Scenarios (e) and (f): resident bytes per twin with N twins in the cluster (every node holds a
+//! replica of every shard with 3 nodes, so N twins per node), then the restart time of a node that
+//! holds them (SIGTERM or SIGKILL, start from its config, until `/ready` and a twin read through it).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::procs;
+use crate::scenarios::common::{write_json, Cluster};
+use crate::targets::twinhub::Twinhub;
+use crate::targets::{key_of, Target};
+use crate::value::SizeDist;
+
+#[derive(Debug, Clone)]
+pub struct MemoryOpts {
+    pub bin: Option<PathBuf>,
+    pub shards: u32,
+    pub twins: usize,
+    pub value: SizeDist,
+    pub concurrency: usize,
+    pub restart: bool,
+    pub kill9: bool,
+    /// Stop creating twins when the machine's MemAvailable falls below this.
+    pub min_available_mb: u64,
+    pub out: PathBuf,
+}
+
+fn mem_available_mb() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(f64::MAX)
+}
+
+/// Per node: (RSS at the end − RSS at the middle of the curve) / (twins added in between).
+fn marginal_bytes_per_twin(curve: &[Value]) -> Option<Vec<f64>> {
+    if curve.len() < 2 {
+        return None;
+    }
+    let (a, b) = (&curve[(curve.len() - 1) / 2], &curve[curve.len() - 1]);
+    let (ta, tb) = (a["twins"].as_f64()?, b["twins"].as_f64()?);
+    if tb <= ta {
+        return None;
+    }
+    let ra = a["rss_mb"].as_array()?;
+    let rb = b["rss_mb"].as_array()?;
+    Some(
+        ra.iter()
+            .zip(rb)
+            .map(|(x, y)| (y.as_f64().unwrap_or(0.0) - x.as_f64().unwrap_or(0.0)) * 1048576.0 / (tb - ta))
+            .collect(),
+    )
+}
+
+fn per_node(pids: &[u32]) -> Vec<f64> {
+    pids.iter().map(|p| procs::status_kib(*p, "VmRSS").unwrap_or(0) as f64 / 1024.0).collect()
+}
+
+pub async fn run(o: MemoryOpts) -> anyhow::Result<Value> {
+    procs::raise_nofile(65_536);
+    let mut cluster = match Cluster::get(None, o.bin.as_deref(), o.shards)? {
+        Cluster::Own(c) => c,
+        Cluster::Existing(_) => unreachable!(),
+    };
+    let r = run_on(&o, &mut cluster).await;
+    cluster.down();
+    let v = r?;
+    write_json(&o.out, &v)?;
+    let svg = o.out.with_extension("svg");
+    crate::plot::write_xy_svg(
+        &svg,
+        "(e) resident memory per node while loading twins",
+        "twins (each node holds all)",
+        "RSS MB",
+        &rss_lines(&v),
+    )?;
+    eprintln!("wrote {}", svg.display());
+    Ok(v)
+}
+
+/// Per node: (twins, RSS MB) points of the load curve in the report.
+fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
+    let curve = report["curve"].as_array().cloned().unwrap_or_default();
+    let nodes = curve.first().and_then(|p| p["rss_mb"].as_array()).map(|a| a.len()).unwrap_or(0);
+    (0..nodes)
+        .map(|i| {
+            let pts = curve
+                .iter()
+                .filter_map(|p| Some((p["twins"].as_f64()?, p["rss_mb"].as_array()?.get(i)?.as_f64()?)))
+                .collect();
+            (format!("node {}", i + 1), pts)
+        })
+        .collect()
+}
+
+/// Creates `keys` with one desired value each (`{"fb": value}`, as the update benches write) through
+/// bulk registry calls of 100, `concurrency` calls at a time. Returns (seconds, failed calls).
+async fn bulk_populate(
+    hub: &crate::hub::Hub,
+    keys: &[String],
+    value: SizeDist,
+    concurrency: usize,
+) -> anyhow::Result<(f64, u64)> {
+    use crate::hub::BulkDevice;
+    use crate::scenarios::fleet::BULK;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let started = Instant::now();
+    let chunks: Arc<Vec<Vec<String>>> = Arc::new(keys.chunks(BULK).map(<[String]>::to_vec).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for w in 0..concurrency.min(chunks.len()).max(1) {
+        let (mut c, chunks, next, errors) = (hub.client(w), chunks.clone(), next.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::from_entropy();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(ids) = chunks.get(i) else { return };
+                let entries: Vec<BulkDevice> = ids
+                    .iter()
+                    .map(|id| {
+                        let v = crate::value::make(0, 0, value.sample(&mut rng));
+                        let desired = serde_json::from_str::<Value>(&v).ok().map(|v| json!({"fb": v}));
+                        BulkDevice { id: id.clone(), key: twinhub::auth::generate_key(), tags: None, desired }
+                    })
+                    .collect();
+                let mut ok = false;
+                for attempt in 0..5 {
+                    match c.bulk_create(&entries).await {
+                        Ok(()) => {
+                            ok = true;
+                            break;
+                        }
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                                eprintln!("bulk create from {}: {e} (attempt {})", ids[0], attempt + 1);
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+                if !ok {
+                    eprintln!("bulk create from {} gave up", ids[0]);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    Ok((started.elapsed().as_secs_f64(), errors.load(Ordering::Relaxed)))
+}
+
+async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubCluster) -> anyhow::Result<Value> {
+    let pids = cluster.pids();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = per_node(&pids);
+    let target = Twinhub { hub: cluster.hub.clone() };
+    let keys: Arc<Vec<String>> = Arc::new((0..o.twins).map(|i| target.key(i)).collect());
+    eprintln!("creating {} devices with one desired value of {} B each through bulk registry calls of 100, {} calls at a time", o.twins, o.value, o.concurrency);
+    // In steps, watching the machine: stop early rather than push it into the OOM killer.
+    let step = (o.twins / 20).clamp(1_000, 50_000);
+    let mut done = 0usize;
+    let mut populate_s = 0.0;
+    let mut populate_errors = 0;
+    let mut curve = Vec::new();
+    let mut stopped_early = None;
+    while done < o.twins {
+        let end = (done + step).min(o.twins);
+        let chunk: Arc<Vec<String>> = Arc::new(keys[done..end].to_vec());
+        let (s, e) = bulk_populate(&cluster.hub, &chunk, o.value, o.concurrency).await?;
+        populate_s += s;
+        populate_errors += e;
+        done = end;
+        let rss = per_node(&pids);
+        let avail = mem_available_mb();
+        eprintln!(
+            "  {done} twins: node RSS {rss:.0?} MB, machine MemAvailable {avail:.0} MB, {:.0} twins/s",
+            done as f64 / populate_s
+        );
+        curve.push(json!({"twins": done, "rss_mb": rss, "mem_available_mb": avail, "elapsed_s": populate_s}));
+        if avail < o.min_available_mb as f64 && done < o.twins {
+            stopped_early = Some(format!(
+                "stopped at {done} of {} twins: MemAvailable {avail:.0} MB < {} MB (--min-available-mb), to keep the machine out of the OOM killer",
+                o.twins, o.min_available_mb
+            ));
+            eprintln!("{}", stopped_early.as_ref().unwrap());
+            break;
+        }
+    }
+    let twins_done = done;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = per_node(&pids);
+    let data_mb: Vec<f64> =
+        cluster.hub.info.nodes.iter().map(|n| n.data_dir.as_ref().map(|d| procs::du_mb(d)).unwrap_or(0.0)).collect();
+    let bytes_per_twin: Vec<f64> =
+        before.iter().zip(&after).map(|(b, a)| (a - b) * 1024.0 * 1024.0 / twins_done.max(1) as f64).collect();
+    let mean_bpt = bytes_per_twin.iter().sum::<f64>() / bytes_per_twin.len().max(1) as f64;
+    println!("\nmemory: {twins_done} twins (values {} B) on 3 nodes, each node a replica of every shard", o.value);
+    if let Some(s) = &stopped_early {
+        println!("  {s}");
+    }
+    for (i, ((b, a), bpt)) in before.iter().zip(&after).zip(&bytes_per_twin).enumerate() {
+        println!("  node {}: RSS {b:.0} MB → {a:.0} MB, {bpt:.0} bytes per twin, data dir {:.0} MB", i + 1, data_mb[i]);
+    }
+    println!("  populate {:.0} s ({:.0} twins/s)", populate_s, twins_done as f64 / populate_s);
+    // Marginal cost from the second half of the curve (excludes fixed start-up memory).
+    let marginal = marginal_bytes_per_twin(&curve);
+    if let Some(m) = &marginal {
+        println!("  marginal bytes per twin per node (slope over the second half of the load): {m:.0?}");
+    }
+    let mut out = json!({
+        "scenario": "(e) memory per twin",
+        "target": "twinhub",
+        "version": cluster.version,
+        "config": {"twins": o.twins, "value_bytes": o.value.to_string(), "concurrency": o.concurrency, "shard_count": o.shards,
+                   "machine": crate::compare::machine()},
+        "twins_requested": o.twins,
+        "twins": twins_done,
+        "stopped_early": stopped_early,
+        "populate_s": populate_s,
+        "populate_errors": populate_errors,
+        "twins_per_s": twins_done as f64 / populate_s,
+        "curve": curve,
+        "marginal_bytes_per_twin_per_node": marginal,
+        "rss_before_mb": before,
+        "rss_after_mb": after,
+        "bytes_per_twin_per_node": bytes_per_twin,
+        "bytes_per_twin_mean": mean_bpt,
+        "data_dir_mb": data_mb,
+    });
+    if o.restart {
+        let idx = cluster.hub.info.nodes.len() - 1;
+        eprintln!("restarting node {} ({})", idx + 1, if o.kill9 { "SIGKILL" } else { "SIGTERM" });
+        let (stop, answered, ready) = cluster.restart_node(idx, o.kill9).await?;
+        let t0 = Instant::now();
+        // A twin read through the restarted node.
+        let mut c = cluster.hub.client(idx);
+        let mut first_read = None;
+        while t0.elapsed() < Duration::from_secs(300) {
+            if c.get_twin(&key_of(twins_done / 2)).await.is_ok() {
+                first_read = Some(ready.as_secs_f64() + t0.elapsed().as_secs_f64());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let rss_restarted = procs::status_kib(cluster.hub.info.nodes[idx].pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
+        println!(
+            "restart of node {} holding {} twins: stop {:.2} s; start → HTTPS answers {:.2} s, → /ready {:.2} s, → first twin read {:?} s; RSS after restart {rss_restarted:.0} MB",
+            idx + 1, twins_done, stop.as_secs_f64(), answered.as_secs_f64(), ready.as_secs_f64(), first_read
+        );
+        out["restart"] = json!({
+            "scenario": "(f) restart time of a node",
+            "node": idx + 1,
+            "signal": if o.kill9 { "SIGKILL" } else { "SIGTERM" },
+            "stop_s": stop.as_secs_f64(),
+            "start_to_https_s": answered.as_secs_f64(),
+            "start_to_ready_s": ready.as_secs_f64(),
+            "start_to_first_twin_read_s": first_read,
+            "rss_after_restart_mb": rss_restarted,
+        });
+    }
+    Ok(out)
+}

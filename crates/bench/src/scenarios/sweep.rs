@@ -1,0 +1,127 @@
+//! Scenario (b) `latency-sweep`: measure the maximum twin-update throughput closed-loop, then run open
+//! loop at 25/50/75 % (or the given percentages) of it and report the latency distribution at each
+//! load, latency measured from the intended send time.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::loadgen::{self, Phases};
+use crate::scenarios::common::{svg_path, write_json, Cluster};
+use crate::stats::{Recorder, Summary};
+use crate::targets::twinhub::Twinhub;
+use crate::targets::Target;
+use crate::value::SizeDist;
+
+#[derive(Debug, Clone)]
+pub struct SweepOpts {
+    pub cluster: Option<PathBuf>,
+    pub bin: Option<PathBuf>,
+    pub shards: u32,
+    pub twins: usize,
+    pub value: SizeDist,
+    pub concurrency: usize,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub percents: Vec<f64>,
+    pub out: PathBuf,
+    pub svg: Option<PathBuf>,
+}
+
+pub async fn run(o: SweepOpts) -> anyhow::Result<Value> {
+    crate::procs::raise_nofile(65_536);
+    let cluster = Cluster::get(o.cluster.as_deref(), o.bin.as_deref(), o.shards)?;
+    let r = run_on(&o, Twinhub { hub: cluster.hub().clone() }, &cluster.version()).await;
+    cluster.down();
+    let v = r?;
+    write_json(&o.out, &v)?;
+    Ok(v)
+}
+
+fn phase_json(label: &str, target_rate: Option<f64>, s: &Summary, open: Option<&loadgen::OpenLoopStats>) -> Value {
+    json!({
+        "phase": label,
+        "target_rate": target_rate,
+        "achieved_per_s": s.total.per_s,
+        "p50_ms": s.total.latency.p50_ms,
+        "p90_ms": s.total.latency.p90_ms,
+        "p99_ms": s.total.latency.p99_ms,
+        "p999_ms": s.total.latency.p999_ms,
+        "max_ms": s.total.latency.max_ms,
+        "errors": s.total.errors,
+        "error_kinds": s.errors,
+        "backlog_at_end": open.map(|o| o.backlog_at_end),
+        "series": s.series,
+    })
+}
+
+async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::Result<Value> {
+    let keys: Arc<Vec<String>> = Arc::new((0..o.twins).map(|i| target.key(i)).collect());
+    eprintln!("populating {} twins", o.twins);
+    loadgen::populate(&target, keys.clone(), o.value, 64).await?;
+    let ph = Phases { warmup: o.warmup, duration: o.duration };
+    let workers = loadgen::update_workers(&target, keys.clone(), o.value, o.concurrency).await?;
+    let rec = Arc::new(Recorder::new());
+    eprintln!("max: closed loop, {} workers", o.concurrency);
+    let (mut workers, _) = loadgen::closed(workers, rec.clone(), ph, "max", None).await;
+    let max = rec.summary();
+    let max_rate = max.total.per_s;
+    let mut phases = vec![phase_json("max (closed loop)", None, &max, None)];
+    let mut summaries = vec![("max".to_string(), max)];
+    for pct in &o.percents {
+        let rate = max_rate * pct / 100.0;
+        let rec = Arc::new(Recorder::new());
+        let label = format!("{pct:.0}%");
+        eprintln!("{label}: open loop at {rate:.0} updates/s over {} connections", o.concurrency);
+        let (w, stats) = loadgen::open(workers, rate, rec.clone(), ph, &label, None).await;
+        workers = w;
+        let s = rec.summary();
+        phases.push(phase_json(&label, Some(rate), &s, Some(&stats)));
+        summaries.push((label, s));
+    }
+    drop(workers);
+    println!(
+        "\nlatency sweep ({}): {} twins, values {} B, {} connections, {} s per phase",
+        target.name(),
+        o.twins,
+        o.value,
+        o.concurrency,
+        o.duration.as_secs()
+    );
+    println!(
+        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8}",
+        "phase", "target/s", "achieved/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "errors", "backlog"
+    );
+    for p in &phases {
+        println!(
+            "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8}",
+            p["phase"].as_str().unwrap_or(""),
+            p["target_rate"].as_f64().map(|r| format!("{r:.0}")).unwrap_or_else(|| "max".into()),
+            p["achieved_per_s"].as_f64().unwrap_or(0.0),
+            p["p50_ms"].as_f64().unwrap_or(0.0),
+            p["p90_ms"].as_f64().unwrap_or(0.0),
+            p["p99_ms"].as_f64().unwrap_or(0.0),
+            p["p999_ms"].as_f64().unwrap_or(0.0),
+            p["errors"].as_u64().unwrap_or(0),
+            p["backlog_at_end"].as_u64().map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
+        );
+    }
+    let svg = svg_path(&o.out, o.svg.as_deref());
+    let runs: Vec<crate::plot::Run> =
+        summaries.iter().map(|(l, s)| crate::plot::Run { label: l.clone(), series: &s.series }).collect();
+    crate::plot::write_svg(&svg, &format!("{} latency sweep: max, then open loop at % of max", target.name()), &runs)?;
+    eprintln!("wrote {}", svg.display());
+    Ok(json!({
+        "scenario": "(b) latency at % of maximum throughput",
+        "target": target.name(),
+        "version": version,
+        "protocol": target.protocol(),
+        "config": {"twins": o.twins, "value_bytes": o.value.to_string(), "concurrency": o.concurrency,
+                   "duration_s": o.duration.as_secs(), "warmup_s": o.warmup.as_secs(), "percents": o.percents,
+                   "machine": crate::compare::machine()},
+        "max_updates_per_s": max_rate,
+        "phases": phases,
+    }))
+}
