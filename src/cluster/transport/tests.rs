@@ -495,40 +495,6 @@ async fn test_call_round_trips_bytes_over_one_connection() {
     server.await.expect("server");
 }
 
-/// Prints (does not assert) round trips over loopback: a vote handled by a real Raft group, and a
-/// small call. Run in release for meaningful numbers:
-/// `cargo test --release --lib cluster::transport::tests::measure -- --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn measure_vote_and_call_round_trip_over_loopback() {
-    let node = TestNode::start(1).await;
-    node.transport.handlers().register("echo", |_, body| async move { Ok(body) });
-    let client = transport(2);
-    client.peers().set(1, node.addr.clone());
-    let n = 2_000;
-    for (what, is_vote) in [("vote", true), ("call", false)] {
-        let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("histogram");
-        for i in 0..n + 100 {
-            let start = Instant::now();
-            if is_vote {
-                // Term 0 never wins: the group answers without persisting anything.
-                client.vote(1, 0, vote_req(0, 2), WAIT).await.expect("vote");
-            } else {
-                client.call(1, "echo", Bytes::from_static(b"0123456789abcdef"), None).await.expect("call");
-            }
-            if i >= 100 {
-                hist.record(start.elapsed().as_micros() as u64).expect("record");
-            }
-        }
-        println!(
-            "loopback {what} RPC over {n} sequential calls: p50 {} µs, p99 {} µs, max {} µs",
-            hist.value_at_quantile(0.5),
-            hist.value_at_quantile(0.99),
-            hist.max()
-        );
-    }
-    node.stop().await;
-}
-
 /// A connect outlives the short deadline of the request that started it (AppendEntries' is under
 /// 200 ms): its failure must still be recorded, so later requests fail fast instead of each waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
