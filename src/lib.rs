@@ -31,6 +31,7 @@ pub mod auth;
 pub mod cli;
 pub mod cluster;
 pub mod configurations;
+pub mod error_code;
 /// Fuzz entry points for every network parser (see `fuzz/README.md`); not an API.
 #[doc(hidden)]
 pub mod fuzzing;

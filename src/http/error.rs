@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::auth::AuthError;
+use crate::error_code::ErrorCode;
 use crate::model::TwinError;
 use crate::mqtt::methods::MethodError;
 use crate::shard::ShardError;
@@ -43,45 +44,33 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    /// Status and IoT Hub `ErrorCode`.
-    pub fn classify(&self) -> (StatusCode, &'static str) {
+    /// IoT Hub's error code for this failure (the table both front doors share).
+    pub fn code(&self) -> ErrorCode {
         match self {
             // IoT Hub answers 401 for a valid token whose policy lacks the permission too; SDKs read
             // 403 as something else entirely (Node: TooManyDevices).
-            ApiError::Auth(_) => (StatusCode::UNAUTHORIZED, "IotHubUnauthorizedAccess"),
-            ApiError::Twin(e) => match e {
-                TwinError::DeviceNotFound(_) => (StatusCode::NOT_FOUND, "DeviceNotFound"),
-                TwinError::ModuleNotFound { .. } => (StatusCode::NOT_FOUND, "ModuleNotFound"),
-                TwinError::DeviceAlreadyExists(_) => (StatusCode::CONFLICT, "DeviceAlreadyExists"),
-                TwinError::ModuleAlreadyExists { .. } => (StatusCode::CONFLICT, "ModuleAlreadyExistsOnDevice"),
-                TwinError::TooManyModulesOnDevice { .. } => (StatusCode::BAD_REQUEST, "TooManyModulesOnDevice"),
-                TwinError::PreconditionFailed(_) => (StatusCode::PRECONDITION_FAILED, "PreconditionFailed"),
-                TwinError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
-                TwinError::ConfigurationNotFound(_) => (StatusCode::NOT_FOUND, "ConfigurationNotFound"),
-                TwinError::ConfigurationAlreadyExists(_) => (StatusCode::CONFLICT, "ConfigurationAlreadyExists"),
-                TwinError::CertificateNotFound(_) => (StatusCode::NOT_FOUND, "CertificateNotFound"),
-            },
-            ApiError::Shard(e) => match e {
-                ShardError::NotLeader { .. }
-                | ShardError::Timeout { .. }
-                | ShardError::ShuttingDown { .. }
-                | ShardError::Storage { .. } => (StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
-                ShardError::Fatal { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
-                ShardError::Refused { .. } => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
-            },
-            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "ArgumentInvalid"),
-            ApiError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge"),
-            ApiError::NoRoute(_) => (StatusCode::NOT_FOUND, "NotFound"),
-            ApiError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
-            ApiError::JobNotFound(_) => (StatusCode::NOT_FOUND, "JobNotFound"),
+            ApiError::Auth(_) => ErrorCode::IotHubUnauthorizedAccess,
+            ApiError::Twin(e) => ErrorCode::of_twin(e),
+            ApiError::Shard(e) => ErrorCode::of_shard(e),
+            ApiError::BadRequest(_) => ErrorCode::ArgumentInvalid,
+            ApiError::TooLarge(_) => ErrorCode::RequestEntityTooLarge,
+            ApiError::NoRoute(_) => ErrorCode::NotFound,
+            ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            ApiError::JobNotFound(_) => ErrorCode::JobNotFound,
             ApiError::Method(e) => match e {
-                MethodError::NotOnline => (StatusCode::NOT_FOUND, "DeviceNotOnline"),
-                MethodError::Timeout => (StatusCode::GATEWAY_TIMEOUT, "GatewayTimeout"),
-                MethodError::Busy => (StatusCode::TOO_MANY_REQUESTS, "ThrottlingException"),
+                MethodError::NotOnline => ErrorCode::DeviceNotOnline,
+                MethodError::Timeout => ErrorCode::GatewayTimeout,
+                MethodError::Busy => ErrorCode::ThrottlingException,
             },
-            ApiError::ConnectionLimit(_) => (StatusCode::SERVICE_UNAVAILABLE, "ServerBusy"),
-            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "ServerError"),
+            ApiError::ConnectionLimit(_) => ErrorCode::ServerBusy,
+            ApiError::Internal(_) => ErrorCode::ServerError,
         }
+    }
+
+    /// Status and IoT Hub `ErrorCode` name.
+    pub fn classify(&self) -> (StatusCode, &'static str) {
+        let code = self.code();
+        (StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), code.name())
     }
 }
 

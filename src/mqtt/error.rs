@@ -5,6 +5,7 @@
 use rumqttd::protocol::DisconnectReasonCode;
 use serde_json::json;
 
+use crate::error_code::ErrorCode;
 use crate::model::time::format_ms;
 use crate::model::{now_ms, TwinError};
 use crate::shard::ShardError;
@@ -28,32 +29,13 @@ impl RequestError {
     /// The response status (topic) and IoT Hub's numeric `errorCode` (body): the status followed by a
     /// three-digit detail, as IoT Hub numbers them (400004 ArgumentInvalid, 404001 DeviceNotFound, …).
     pub fn classify(&self) -> (u16, u32) {
-        match self {
-            RequestError::Twin(e) => match e {
-                TwinError::DeviceNotFound(_) => (404, 404_001),
-                // Devices never touch CA records; kept apart so the code says so.
-                TwinError::CertificateNotFound(_) => (404, 404_000),
-                TwinError::ModuleNotFound { .. } => (404, 404_010),
-                TwinError::DeviceAlreadyExists(_) => (409, 409_001),
-                TwinError::ModuleAlreadyExists { .. } => (409, 409_301),
-                TwinError::PreconditionFailed(_) => (412, 412_002),
-                TwinError::TooManyModulesOnDevice { .. } | TwinError::InvalidArgument(_) => (400, 400_004),
-                TwinError::ConfigurationNotFound(_) => (404, 404_001),
-                TwinError::ConfigurationAlreadyExists(_) => (409, 409_001),
-            },
-            // Retryable: the shard has no leader here, is slow, stopping, or its storage failed. Device
-            // SDKs retry 5xx (and 429) but give up on 4xx.
-            RequestError::Shard(e) => match e {
-                ShardError::NotLeader { .. }
-                | ShardError::Timeout { .. }
-                | ShardError::ShuttingDown { .. }
-                | ShardError::Storage { .. } => (503, 503_001),
-                ShardError::Fatal { .. } => (500, 500_001),
-                ShardError::Refused { .. } => (400, 400_004),
-            },
-            RequestError::BadRequest(_) => (400, 400_004),
-            RequestError::Internal(_) => (500, 500_001),
-        }
+        let code = match self {
+            RequestError::Twin(e) => ErrorCode::of_twin(e),
+            RequestError::Shard(e) => ErrorCode::of_shard(e),
+            RequestError::BadRequest(_) => ErrorCode::ArgumentInvalid,
+            RequestError::Internal(_) => ErrorCode::ServerError,
+        };
+        (code.status(), code.number())
     }
 
     /// IoT Hub's MQTT error body: `{"errorCode","trackingId","message","timestampUtc"}`. Node turns any
@@ -249,7 +231,7 @@ mod tests {
             (TwinError::InvalidArgument("x".into()).into(), 400, 400_004),
             (TwinError::DeviceNotFound("d".into()).into(), 404, 404_001),
             (TwinError::ModuleNotFound { device: "d".into(), module: "m".into() }.into(), 404, 404_010),
-            (TwinError::PreconditionFailed("x".into()).into(), 412, 412_002),
+            (TwinError::PreconditionFailed("x".into()).into(), 412, 412_001),
             (RequestError::BadRequest("x".into()), 400, 400_004),
             (ShardError::NotLeader { shard: 0, leader: None }.into(), 503, 503_001),
             (ShardError::Timeout { shard: 0 }.into(), 503, 503_001),
