@@ -66,7 +66,7 @@ pub async fn run(twins: Arc<Twins>, interval: Duration, stop: CancellationToken)
             _ = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let Some(meta) = twins.shards.meta_group() else { continue };
+        let Some(meta) = twins.meta_group() else { continue };
         if !meta.is_leader() {
             seen = None;
             continue;

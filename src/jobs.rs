@@ -52,7 +52,7 @@ pub async fn run(twins: Arc<Twins>, methods: Option<Arc<Methods>>, stop: Cancell
             _ = tick.tick() => {}
         }
         running.retain(|_, h| !h.is_finished());
-        let Some(meta) = twins.shards.meta_group() else { continue };
+        let Some(meta) = twins.meta_group() else { continue };
         if !meta.is_leader() {
             for (_, h) in running.drain() {
                 h.abort();
@@ -84,14 +84,14 @@ async fn execute(twins: Arc<Twins>, methods: Option<Arc<Methods>>, job: Job) {
 }
 
 async fn meta(twins: &Twins, op: JobOp) -> Result<(), ShardError> {
-    match twins.shards.propose_meta(Op::Job(op)).await? {
+    match twins.propose_meta(Op::Job(op)).await? {
         Ok(_) => Ok(()),
         Err(e) => Err(ShardError::Refused { msg: e.to_string() }),
     }
 }
 
 fn job_status(twins: &Twins, job_id: &str) -> Option<JobStatus> {
-    twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(job_id).map(|j| j.status)))
+    twins.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(job_id).map(|j| j.status)))
 }
 
 /// Where a runner's window stands: which of its devices are done, and the longest done prefix. Only
@@ -133,7 +133,7 @@ async fn run_job(twins: &Twins, methods: Option<&Methods>, job: &Job) -> Result<
     let spec = &job.spec;
     meta(twins, JobOp::Start { job_id: spec.job_id.clone(), at_ms: now_ms() }).await?;
     // The record as the last runner left it: a checkpointed cursor and counters are carried on.
-    let record = twins.shards.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(&spec.job_id).cloned()));
+    let record = twins.meta_group().and_then(|m| m.read_local(|s| s.jobs.jobs.get(&spec.job_id).cloned()));
     let started = record.as_ref().and_then(|j| j.started_ms).unwrap_or_else(now_ms);
     let (resume, base) = record.map(|j| (j.cursor, j.stats)).unwrap_or_default();
     let devices = matching_devices(twins, &spec.query_condition).await?;

@@ -32,17 +32,17 @@ pub const RESTORE_BODY_LIMIT: usize = 64 << 20;
 
 pub async fn info(State(st): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
-    Ok(ok_json(&json!({"shardCount": st.twins()?.shards.shard_count()})))
+    Ok(ok_json(&json!({"shardCount": st.twins()?.shard_count()})))
 }
 
 pub async fn meta(State(st): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
-    let m = st.twins()?.shards.read_meta(|s| s.meta_backup()).await?;
+    let m = st.twins()?.read_meta(|s| s.meta_backup()).await?;
     Ok(ok_json(&serde_json::to_value(m).map_err(|e| ApiError::Internal(e.to_string()))?))
 }
 
 fn shard_arg(st: &Shared, shard: u32) -> Result<u32, ApiError> {
-    let count = st.twins()?.shards.shard_count();
+    let count = st.twins()?.shard_count();
     if shard >= count {
         return Err(ApiError::BadRequest(format!("shard {shard} does not exist (the cluster has {count})")));
     }
@@ -80,7 +80,7 @@ pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: By
     let meta: MetaBackup =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
     let meta_json = serde_json::to_string(&meta).map_err(|e| ApiError::Internal(e.to_string()))?;
-    st.twins()?.shards.propose_meta(Op::RestoreMeta { meta_json }).await??;
+    st.twins()?.propose_meta(Op::RestoreMeta { meta_json }).await??;
     Ok(ok_json(&json!({"restored": "meta"})))
 }
 
@@ -95,10 +95,10 @@ pub async fn restore_shard(
     let page: BackupPage =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
     let twins = st.twins()?;
-    if let Some(stray) = page.devices.keys().find(|d| twins.shards.shard_of(d) != shard) {
+    if let Some(stray) = page.devices.keys().find(|d| twins.shard_of(d) != shard) {
         return Err(ApiError::BadRequest(format!(
             "device {stray} belongs to shard {} here, not {shard}: the backup was taken from a cluster with another shard count",
-            twins.shards.shard_of(stray)
+            twins.shard_of(stray)
         )));
     }
     let Some(route) = page.devices.keys().next().cloned() else {

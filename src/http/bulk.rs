@@ -144,7 +144,7 @@ pub async fn bulk(
                     errors.push((i, error_row(&entry.id, Some(entry.mode), &bad(msg))));
                     continue;
                 }
-                by_shard.entry(twins.shards.shard_of(&entry.id.device_id)).or_default().push((i, entry));
+                by_shard.entry(twins.shard_of(&entry.id.device_id)).or_default().push((i, entry));
             }
             Err(e) => errors.push((i, error_row(&named_id(item), None, &e))),
         }

@@ -87,18 +87,18 @@ pub async fn put(
     let cert = describe(der_of(certificate_field(&req, "/properties/certificate")?)?)?;
     let verified = req.pointer("/properties/isVerified").and_then(Value::as_bool).unwrap_or(false);
     let op = CertOp::Put { name, cert, verified, if_match: if_match(&headers) };
-    reply(st.twins()?.shards.propose_meta(Op::Certificate(op)).await?)
+    reply(st.twins()?.propose_meta(Op::Certificate(op)).await?)
 }
 
 pub async fn get(State(st): State<Shared>, Path(name): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryRead)?;
-    let v = st.twins()?.shards.read_meta(|s| s.certificates.render(&name, false)).await?;
+    let v = st.twins()?.read_meta(|s| s.certificates.render(&name, false)).await?;
     v.map(|v| ok_json(&v)).ok_or(ApiError::Twin(crate::model::TwinError::CertificateNotFound(name)))
 }
 
 pub async fn list(State(st): State<Shared>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryRead)?;
-    let all = st.twins()?.shards.read_meta(|s| s.certificates.list()).await?;
+    let all = st.twins()?.read_meta(|s| s.certificates.list()).await?;
     Ok(ok_json(&json!({ "value": all })))
 }
 
@@ -109,7 +109,7 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let op = CertOp::Delete { name, if_match: required_if_match(&headers)? };
-    reply(st.twins()?.shards.propose_meta(Op::Certificate(op)).await?)
+    reply(st.twins()?.propose_meta(Op::Certificate(op)).await?)
 }
 
 pub async fn generate_code(
@@ -120,16 +120,13 @@ pub async fn generate_code(
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let code = hex_code();
     let op = CertOp::GenerateCode { name, code, if_match: required_if_match(&headers)? };
-    match st.twins()?.shards.propose_meta(Op::Certificate(op)).await?? {
+    match st.twins()?.propose_meta(Op::Certificate(op)).await?? {
         Reply::Certificate(Some(v)) => {
             let mut v = v;
             // The answer (and only it) carries the code the proof must name.
             let name = v["name"].as_str().unwrap_or_default().to_string();
-            let code = st
-                .twins()?
-                .shards
-                .read_meta(|s| s.certificates.get(&name).and_then(|r| r.verification_code.clone()))
-                .await?;
+            let code =
+                st.twins()?.read_meta(|s| s.certificates.get(&name).and_then(|r| r.verification_code.clone())).await?;
             v["properties"]["verificationCode"] = json!(code);
             Ok(ok_json(&v))
         }
@@ -153,8 +150,8 @@ pub async fn verify(
     let if_match = required_if_match(&headers)?;
     let req = body::json(raw, "CertificateVerificationDescription")?;
     let proof = der_of(certificate_field(&req, "/certificate")?)?;
-    let shards = &st.twins()?.shards;
-    let ca = shards
+    let twins = st.twins()?;
+    let ca = twins
         .read_meta(|s| {
             s.certificates
                 .get(&name)
@@ -169,5 +166,5 @@ pub async fn verify(
         ApiError::BadRequest(format!("the verification certificate is not signed by certificate {name}: {e}"))
     })?;
     // Apply compares the code with the record's current one, so a code regenerated meanwhile wins.
-    reply(shards.propose_meta(Op::Certificate(CertOp::Verify { name, code, if_match })).await?)
+    reply(twins.propose_meta(Op::Certificate(CertOp::Verify { name, code, if_match })).await?)
 }

@@ -73,14 +73,14 @@ pub async fn put(
     let doc = body::json(raw, "Configuration")?;
     let spec = config::parse(&id, &doc, check_condition, check_metric_query).map_err(ApiError::BadRequest)?;
     let op = Op::Configuration(ConfigOp::Put { spec, if_match: if_match(&headers) });
-    match st.twins()?.shards.propose_meta(op).await?? {
+    match st.twins()?.propose_meta(op).await?? {
         Reply::Configuration(_) => get_one(&st, &id).await,
         other => Err(ApiError::Internal(format!("unexpected reply to a configuration command: {other:?}"))),
     }
 }
 
 async fn get_one(st: &Shared, id: &str) -> Result<Response, ApiError> {
-    let c = st.twins()?.shards.read_meta(|s| s.configs.configs.get(id).cloned()).await?;
+    let c = st.twins()?.read_meta(|s| s.configs.configs.get(id).cloned()).await?;
     let c = c.ok_or_else(|| crate::model::TwinError::ConfigurationNotFound(id.to_string()))?;
     let mut v = render(st, &[&c]).await?;
     Ok(ok_json(&v.pop().unwrap_or(Value::Null)))
@@ -98,7 +98,7 @@ pub async fn delete(
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
     let op = Op::Configuration(ConfigOp::Delete { id, if_match: if_match(&headers) });
-    st.twins()?.shards.propose_meta(op).await??;
+    st.twins()?.propose_meta(op).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -117,7 +117,7 @@ pub async fn list(
             })?,
         };
     let configs: Vec<Configuration> =
-        st.twins()?.shards.read_meta(|s| s.configs.configs.values().take(top).cloned().collect()).await?;
+        st.twins()?.read_meta(|s| s.configs.configs.values().take(top).cloned().collect()).await?;
     let refs: Vec<&Configuration> = configs.iter().collect();
     Ok(ok_json(&Value::Array(render(&st, &refs).await?)))
 }

@@ -117,12 +117,12 @@ pub async fn create(
         None => JobOp::Create(spec),
         Some(method) => JobOp::CreateMethod { spec, method },
     };
-    job_reply(st.twins()?.shards.propose_meta(Op::Job(op)).await?)
+    job_reply(st.twins()?.propose_meta(Op::Job(op)).await?)
 }
 
 pub async fn get(State(st): State<Shared>, Path(id): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, "jobs", Permission::RegistryRead)?;
-    let job = st.twins()?.shards.read_meta(|s| s.jobs.jobs.get(&id).map(|j| j.render())).await?;
+    let job = st.twins()?.read_meta(|s| s.jobs.jobs.get(&id).map(|j| j.render())).await?;
     job.map(|j| ok_json(&j)).ok_or(ApiError::JobNotFound(id))
 }
 
@@ -132,11 +132,11 @@ pub async fn cancel(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, "jobs", Permission::RegistryWrite)?;
-    let shards = &st.twins()?.shards;
-    if !shards.read_meta(|s| s.jobs.jobs.contains_key(&id)).await? {
+    let twins = st.twins()?;
+    if !twins.read_meta(|s| s.jobs.jobs.contains_key(&id)).await? {
         return Err(ApiError::JobNotFound(id));
     }
-    job_reply(shards.propose_meta(Op::Job(JobOp::Cancel { job_id: id, at_ms: now_ms() })).await?)
+    job_reply(twins.propose_meta(Op::Job(JobOp::Cancel { job_id: id, at_ms: now_ms() })).await?)
 }
 
 /// `GET /jobs/v2/query?jobType=&jobStatus=`: every matching job in one page.
@@ -154,7 +154,6 @@ pub async fn query(
     };
     let items: Vec<Value> = st
         .twins()?
-        .shards
         .read_meta(|s| {
             s.jobs
                 .jobs

@@ -93,7 +93,7 @@ pub fn ok_json_text(body: &str) -> Response {
 /// 503 before. No authentication, like `/health`: probes and launchers poll it.
 async fn ready(axum::extract::State(state): axum::extract::State<Shared>) -> Response {
     match &state.twins {
-        Some(t) if t.shards.ready() => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
+        Some(t) if t.ready() => json_response(StatusCode::OK, &serde_json::json!({"status": "ready"})),
         _ => json_response(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "starting"})),
     }
 }
@@ -108,11 +108,11 @@ async fn cluster_status(
     state.authorize(&headers, "cluster/status", Permission::RegistryRead)?;
     let twins = state.twins()?;
     let body = serde_json::json!({
-        "node_id": twins.shards.node_id(),
-        "ready": twins.shards.ready(),
-        "shards": twins.shards.status(),
-        "meta": twins.shards.meta_status(),
-        "map": twins.shards.map(),
+        "node_id": twins.node_id(),
+        "ready": twins.ready(),
+        "shards": twins.shard_status(),
+        "meta": twins.meta_status(),
+        "map": twins.cluster_map(),
     });
     Ok(ok_json(&body))
 }
@@ -141,8 +141,8 @@ async fn add_member(
         return Err(ApiError::BadRequest(format!("invalid member {} at '{}'", m.id, m.addr)));
     }
     let twins = state.twins()?;
-    twins.shards.propose(crate::cluster::map::ClusterOp::AddNode { id: m.id, addr: m.addr.clone() }).await?;
-    let map = twins.shards.map();
+    twins.propose_cluster(crate::cluster::map::ClusterOp::AddNode { id: m.id, addr: m.addr.clone() }).await?;
+    let map = twins.cluster_map();
     Ok(ok_json(&serde_json::json!({"node": m.id, "shards": map.shards_of(m.id)})))
 }
 
@@ -155,7 +155,7 @@ async fn remove_member(
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;
     let twins = state.twins()?;
-    twins.shards.propose(crate::cluster::map::ClusterOp::RemoveNode { id: node }).await?;
+    twins.propose_cluster(crate::cluster::map::ClusterOp::RemoveNode { id: node }).await?;
     Ok(ok_json(&serde_json::json!({"node": node, "draining": true})))
 }
 

@@ -1,9 +1,10 @@
 //! `POST /devices/query` (docs/iothub-protocol.md §3.3): the IoT Hub query language over every shard.
 //!
 //! The query is parsed here first (a syntax error is a 400 naming the position, before any shard is
-//! asked), then sent to every shard at once; each answers its part (rows after the continuation
-//! cursor, at most a page plus one, or aggregate accumulators) and this node merges them: rows by key
-//! into one page with a continuation token, aggregates into their groups. A page never holds more than
+//! asked), then the twin layer's scatter/gather ([`crate::twin::Twins::query_page`]) sends it to every
+//! shard at once; each answers its part (rows after the continuation cursor, at most a page plus one,
+//! or aggregate accumulators) and this node merges them: rows by key into one page with a continuation
+//! token, aggregates into their groups. A page never holds more than
 //! `x-ms-max-item-count` rows (default 100, at most 1000), so large results stream page by page.
 
 use axum::body::Bytes;
@@ -16,7 +17,6 @@ use serde_json::Value;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::query;
-use crate::twin::read::{QueryPart, ReadOp, ReadOut};
 
 /// Rows per page when the client does not say.
 const DEFAULT_PAGE: usize = 100;
@@ -49,40 +49,9 @@ pub async fn query_devices(
             .ok_or_else(|| ApiError::BadRequest(format!("x-ms-max-item-count must be a positive integer, got '{v}'")))?
             .min(MAX_PAGE),
     };
-    let token = header(&headers, "x-ms-continuation").map(str::to_string);
-    let cursor = token
-        .as_deref()
-        .map(|t| q.cursor(t))
-        .transpose()
-        .map_err(|e| ApiError::BadRequest(format!("x-ms-continuation: {e}")))?;
-
-    let twins = st.twins()?;
-    let parts = futures::future::join_all((0..twins.shards.shard_count()).map(|shard| {
-        let op = ReadOp::Query { text: text.clone(), cursor: token.clone(), max_items };
-        twins.read_shard(shard, op)
-    }))
-    .await;
-    let mut rows = Vec::new();
-    let mut partial = q.partial();
-    for part in parts {
-        match part? {
-            ReadOut::Query(Ok(QueryPart::Rows(r))) => rows.push(r),
-            ReadOut::Query(Ok(QueryPart::Partial(state))) => {
-                if let Some(p) = partial.as_mut() {
-                    p.merge_state(state).map_err(|e| ApiError::Internal(format!("merging query results: {e}")))?;
-                }
-            }
-            ReadOut::Query(Err(e)) => return Err(ApiError::BadRequest(e)),
-            other => return Err(ApiError::Internal(format!("unexpected answer to a query: {other:?}"))),
-        }
-    }
-    let (items, next) = match partial {
-        Some(p) => (p.finish(), None),
-        None => {
-            let page = q.page(rows, cursor.as_ref(), max_items);
-            (page.items, page.next.map(|c| c.encode()))
-        }
-    };
+    let token = header(&headers, "x-ms-continuation");
+    let page = st.twins()?.query_page(&q, &text, token, max_items).await?;
+    let (items, next) = (page.items, page.next.map(|c| c.encode()));
     let mut resp = ok_json(&Value::Array(items));
     let h = resp.headers_mut();
     h.insert("x-ms-item-type", HeaderValue::from_static(q.item_type()));

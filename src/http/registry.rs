@@ -60,7 +60,7 @@ pub async fn list_devices(
     let twins = st.twins()?;
     let mut all: Vec<Value> = Vec::new();
     // Each shard returns its first `top` in id order; the global first `top` are among them.
-    for shard in 0..twins.shards.shard_count() {
+    for shard in 0..twins.shard_count() {
         all.extend(twins.docs(shard, ReadOp::Devices { after: None, limit: top }).await??);
     }
     all.sort_by(|a, b| a["deviceId"].as_str().unwrap_or("").cmp(b["deviceId"].as_str().unwrap_or("")));
@@ -112,7 +112,7 @@ pub async fn list_modules(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}/modules"), Permission::RegistryRead)?;
-    let modules = st.twins()?.docs(st.twins()?.shards.shard_of(&id), ReadOp::Modules(id.clone())).await??;
+    let modules = st.twins()?.docs(st.twins()?.shard_of(&id), ReadOp::Modules(id.clone())).await??;
     Ok(ok_json(&Value::Array(modules)))
 }
 
@@ -159,7 +159,7 @@ pub async fn device_stats(State(st): State<Shared>, headers: HeaderMap) -> Resul
     st.authorize(&headers, "statistics", Permission::RegistryRead)?;
     let (mut total, mut enabled, mut disabled) = (0u64, 0u64, 0u64);
     let twins = st.twins()?;
-    for shard in 0..twins.shards.shard_count() {
+    for shard in 0..twins.shard_count() {
         let s = twins.stats(shard).await?;
         total += s.total;
         enabled += s.enabled;

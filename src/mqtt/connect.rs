@@ -166,12 +166,8 @@ impl Mqtt {
             }
             "certificateAuthority" => {
                 x509::check_common_name(leaf, &x509::expected_common_name(&id)).map_err(refused)?;
-                let anchors = self
-                    .twins
-                    .shards
-                    .read_meta(|s| s.certificates.verified_anchors())
-                    .await
-                    .map_err(Refusal::Unavailable)?;
+                let anchors =
+                    self.twins.read_meta(|s| s.certificates.verified_anchors()).await.map_err(Refusal::Unavailable)?;
                 x509::verify_chain(certs, &anchors, now).map_err(refused)?;
             }
             other => {

@@ -5,6 +5,7 @@
 //! actor, so passivating loses nothing.
 
 mod actor;
+mod meta;
 pub mod read;
 mod registry;
 mod scan;
@@ -52,7 +53,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Entry point of the twin layer for the front doors.
 pub struct Twins {
-    pub shards: Arc<Shards>,
+    shards: Arc<Shards>,
     registry: Arc<ActorRegistry>,
     sweeper: tokio::task::JoinHandle<()>,
     /// Present in a cluster: writes for shards led elsewhere are forwarded to the leader.
