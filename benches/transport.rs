@@ -14,7 +14,7 @@ use bytes::Bytes;
 use openraft::raft::VoteRequest;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use twinhub::cluster::transport::{serve, ClusterSecret, Transport, TransportConfig};
+use twinhub::cluster::transport::{serve, Call, ClusterSecret, Transport, TransportConfig};
 use twinhub::net::{ConnGate, ListenerLimits};
 use twinhub::shard::log_store::LogStore;
 use twinhub::shard::network::{NetworkFactory, ShardRouter};
@@ -35,7 +35,8 @@ fn transport(id: u64) -> Transport {
 async fn main() {
     // Node 1: a listener, an echo handler and shard 0's Raft group (a single voter that never starts).
     let server = transport(1);
-    server.handlers().register("echo", |_, body| async move { Ok(body) });
+    // The transport does not care what a handler does: node status stands in for an echo here.
+    server.handlers().register(Call::NodeStatus, |_, body| async move { Ok(body) });
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let gate = ConnGate::new(
@@ -70,7 +71,7 @@ async fn main() {
                 let req = VoteRequest::<TypeConfig>::new(openraft::impls::Vote::new(0, 2), None);
                 client.vote(1, 0, req, WAIT).await.expect("vote");
             } else {
-                client.call(1, "echo", Bytes::from_static(b"0123456789abcdef"), None).await.expect("call");
+                client.call(1, Call::NodeStatus, Bytes::from_static(b"0123456789abcdef"), None).await.expect("call");
             }
             if i >= WARMUP {
                 hist.record(start.elapsed().as_micros() as u64).expect("record");

@@ -76,7 +76,7 @@ pub use error::TransportError;
 pub use listen::serve;
 pub use peers::PeerTable;
 pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
-pub use wire::{Endpoint, RaftKind, RpcFailure};
+pub use wire::{Call, Endpoint, RaftKind, RpcFailure};
 
 use crate::ids::{NodeId, ShardId};
 use crate::shard::types::{Snapshot, TypeConfig, Vote};
@@ -288,20 +288,17 @@ impl Transport {
         decode_answer(target, &answer)
     }
 
-    /// Calls the handler registered under `name` on `target`: bytes in, bytes out. `deadline`
-    /// defaults to [`TransportConfig::call_timeout`].
+    /// Calls the handler of `call` on `target`: bytes in, bytes out. `deadline` defaults to
+    /// [`TransportConfig::call_timeout`].
     pub async fn call(
         &self,
         target: NodeId,
-        name: &str,
+        call: Call,
         body: Bytes,
         deadline: Option<Duration>,
     ) -> Result<Bytes, TransportError> {
-        if !wire::valid_call_name(name) {
-            return Err(TransportError::InvalidName(name.to_string()));
-        }
         let deadline = deadline.unwrap_or(self.inner.config.call_timeout);
-        self.send(target, &Endpoint::Call(name.to_string()), body, deadline).await
+        self.send(target, &Endpoint::Call(call.name().to_string()), body, deadline).await
     }
 
     async fn raft<Req: Serialize, Resp: DeserializeOwned>(

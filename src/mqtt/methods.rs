@@ -25,13 +25,11 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::cluster::transport::{CallError, Transport};
+use crate::cluster::transport::{Call, CallError, Transport};
 use crate::ids::TwinId;
 pub use crate::model::method::MethodRequest;
 use crate::shard::Shards;
 
-/// Inter-node call: deliver a method call to a connection held by the callee (never forwarded on).
-pub const METHOD_CALL: &str = "device.method";
 /// Calls queued for one connection before callers are told it is busy.
 const QUEUE: usize = 32;
 /// Calls sent to one connection and not answered yet.
@@ -137,7 +135,7 @@ impl Methods {
     pub fn new(local: Arc<LocalMethods>, transport: Option<Transport>, shards: Arc<Shards>) -> Arc<Methods> {
         if let Some(t) = &transport {
             let local = local.clone();
-            t.handlers().register(METHOD_CALL, move |_from, body: bytes::Bytes| {
+            t.handlers().register(Call::DeviceMethod, move |_from, body: bytes::Bytes| {
                 let local = local.clone();
                 async move {
                     let (id, request): (TwinId, MethodRequest) =
@@ -187,7 +185,7 @@ impl Methods {
             .filter(|n| *n != me)
             .map(|n| {
                 let body = body.clone();
-                async move { (n, t.call(n, METHOD_CALL, body, Some(deadline)).await) }
+                async move { (n, t.call(n, Call::DeviceMethod, body, Some(deadline)).await) }
             })
             .collect();
         // Only the node holding the connection answers anything but NotOnline.

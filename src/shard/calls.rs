@@ -5,20 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::error::ShardError;
-use super::group::{Shard, READ_INDEX_CALL};
+use super::group::Shard;
 use super::tail;
 use super::{Shards, META};
+use crate::cluster::transport::Call;
 use crate::ids::{NodeId, ShardId};
 use crate::model::{Applied, Command};
-
-/// Transport call that proposes a cluster-map change on the metadata leader: `serde_json(Command)` in,
-/// `serde_json(Result<Applied, ShardError>)` out.
-pub const META_WRITE_CALL: &str = "meta.write";
 
 pub(super) async fn remote_meta_write(meta: &Shard, leader: NodeId, cmd: &Command) -> Result<Applied, ShardError> {
     let Some(t) = &meta.transport else { return Err(ShardError::NotLeader { shard: META, leader: Some(leader) }) };
     let body = serde_json::to_vec(cmd).map_err(|e| ShardError::Fatal { shard: META, msg: e.to_string() })?;
-    let answer = t.call(leader, META_WRITE_CALL, body.into(), Some(Duration::from_secs(5))).await.map_err(|e| {
+    let answer = t.call(leader, Call::MetaWrite, body.into(), Some(Duration::from_secs(5))).await.map_err(|e| {
         tracing::debug!(leader, "cluster-map change on the metadata leader: {e}");
         ShardError::Timeout { shard: META }
     })?;
@@ -33,7 +30,7 @@ fn call_error(e: impl std::fmt::Display) -> crate::cluster::transport::CallError
 /// Answers peers: read indexes, cluster-map writes, event tails.
 pub(super) fn register_calls(t: &crate::cluster::transport::Transport, shards: &Arc<Shards>) {
     let s = Arc::downgrade(shards);
-    t.handlers().register(READ_INDEX_CALL, move |_from, body: bytes::Bytes| {
+    t.handlers().register(Call::ReadIndex, move |_from, body: bytes::Bytes| {
         let s = s.clone();
         async move {
             let id: ShardId =
@@ -47,7 +44,7 @@ pub(super) fn register_calls(t: &crate::cluster::transport::Transport, shards: &
         }
     });
     let s = Arc::downgrade(shards);
-    t.handlers().register(META_WRITE_CALL, move |_from, body: bytes::Bytes| {
+    t.handlers().register(Call::MetaWrite, move |_from, body: bytes::Bytes| {
         let s = s.clone();
         async move {
             let cmd: Command = serde_json::from_slice(&body).map_err(|e| call_error(format!("bad map change: {e}")))?;
@@ -60,7 +57,7 @@ pub(super) fn register_calls(t: &crate::cluster::transport::Transport, shards: &
         }
     });
     let s = Arc::downgrade(shards);
-    t.handlers().register(tail::EVENTS_CALL, move |_from, body: bytes::Bytes| {
+    t.handlers().register(Call::ShardEvents, move |_from, body: bytes::Bytes| {
         let s = s.clone();
         async move {
             let (id, after): (ShardId, Option<u64>) =

@@ -13,15 +13,12 @@ use super::error::{fatal_error, write_error, ShardError};
 use super::state_machine::SharedState;
 use super::types::{ClientWriteResult, Node, Raft, ShardResponder, TypeConfig};
 use super::ShardStatus;
+use crate::cluster::transport::Call;
 use crate::ids::{NodeId, ShardId};
 use crate::model::{Applied, Command, ShardState};
 
 /// How long `write` and `read` wait before answering `Timeout` (the request may still apply).
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Name of the transport call that answers a shard's read index (`postcard(ShardId)` in,
-/// `postcard(Result<Option<u64>, ShardError>)` out).
-pub const READ_INDEX_CALL: &str = "shard.read-index";
 
 const REMOTE_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -113,7 +110,7 @@ impl Shard {
         };
         let body =
             postcard::to_allocvec(&self.id).map_err(|e| ShardError::Fatal { shard: self.id, msg: e.to_string() })?;
-        let answer = t.call(leader, READ_INDEX_CALL, body.into(), Some(REMOTE_READ_TIMEOUT)).await.map_err(|e| {
+        let answer = t.call(leader, Call::ReadIndex, body.into(), Some(REMOTE_READ_TIMEOUT)).await.map_err(|e| {
             tracing::debug!(shard = self.id, leader, "remote read index: {e}");
             ShardError::NotLeader { shard: self.id, leader: None }
         })?;

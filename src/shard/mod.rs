@@ -27,13 +27,12 @@ pub mod store;
 pub mod tail;
 pub mod types;
 
-pub use calls::META_WRITE_CALL;
 use calls::{register_calls, remote_meta_write};
 pub use config::ShardsConfig;
 use config::{check_layout, raft_config};
 pub use error::ShardError;
 use error::{fatal_error, storage_error, write_error};
-pub use group::{Shard, READ_INDEX_CALL};
+pub use group::Shard;
 
 /// How long `Shards::open` waits for every group to elect itself and catch up.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);

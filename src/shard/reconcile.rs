@@ -21,23 +21,12 @@ use openraft::async_runtime::watch::WatchReceiver;
 use openraft::ChangeMembers;
 use openraft::Instant as _;
 
-use super::tail::{EventPage, EVENTS_CALL, LONG_POLL};
+use super::tail::{EventPage, LONG_POLL};
 use super::types::Node;
 use super::{Shard, ShardError, Shards};
 use crate::cluster::map::{ClusterOp, MemberState, REPLICATION_FACTOR};
+use crate::cluster::transport::Call;
 use crate::ids::{NodeId, ShardId};
-
-/// Transport call answering this node's view of the groups it hosts: `()` in,
-/// `serde_json(Vec<ShardStatus>)` out.
-pub const STATUS_CALL: &str = "node.status";
-
-/// Transport call a shard leader sends a replica it removed, so the replica closes its group at once
-/// (a removed replica never hears the final membership from Raft itself): `postcard(ShardId)` in.
-pub const DROPPED_CALL: &str = "shard.dropped";
-
-/// Transport call a starting node (`--join`) sends to any member: `serde_json((NodeId, addr))` in,
-/// `serde_json(Result<(), ShardError>)` out; the member proposes the node to the cluster map.
-pub const JOIN_CALL: &str = "cluster.join";
 
 /// Peer-table id under which a joining node dials the address it joins through (it does not know
 /// that member's id yet; node ids are never this large).
@@ -72,7 +61,7 @@ impl Shards {
     pub fn serve_reconciler_calls(self: &Arc<Self>) {
         let Some(t) = &self.config.transport else { return };
         let s = Arc::downgrade(self);
-        t.handlers().register(STATUS_CALL, move |_from, _body: bytes::Bytes| {
+        t.handlers().register(Call::NodeStatus, move |_from, _body: bytes::Bytes| {
             let s = s.clone();
             async move {
                 let status = s.upgrade().map(|s| s.status()).unwrap_or_default();
@@ -82,7 +71,7 @@ impl Shards {
             }
         });
         let s = Arc::downgrade(self);
-        t.handlers().register(JOIN_CALL, move |_from, body: bytes::Bytes| {
+        t.handlers().register(Call::ClusterJoin, move |_from, body: bytes::Bytes| {
             let s = s.clone();
             async move {
                 let (id, addr): (NodeId, String) = serde_json::from_slice(&body)
@@ -97,7 +86,7 @@ impl Shards {
             }
         });
         let s = Arc::downgrade(self);
-        t.handlers().register(DROPPED_CALL, move |_from, body: bytes::Bytes| {
+        t.handlers().register(Call::ShardDropped, move |_from, body: bytes::Bytes| {
             let s = s.clone();
             async move {
                 let id: ShardId = postcard::from_bytes(&body)
@@ -120,7 +109,7 @@ impl Shards {
         let mut pause = Duration::from_millis(200);
         while !self.map().members.contains_key(&self.node_id) {
             let Ok(body) = serde_json::to_vec(&(self.node_id, advertise)) else { return };
-            match t.call(JOIN_PEER, JOIN_CALL, body.into(), Some(Duration::from_secs(15))).await {
+            match t.call(JOIN_PEER, Call::ClusterJoin, body.into(), Some(Duration::from_secs(15))).await {
                 Ok(answer) => match serde_json::from_slice::<Result<(), ShardError>>(&answer) {
                     Ok(Ok(())) => tracing::info!(via, "joined the cluster map; waiting for replicas"),
                     Ok(Err(ShardError::Refused { msg })) => {
@@ -273,7 +262,7 @@ impl Shards {
             let t = t.clone();
             let id = *id;
             async move {
-                let r = t.call(id, STATUS_CALL, bytes::Bytes::new(), Some(Duration::from_secs(1))).await;
+                let r = t.call(id, Call::NodeStatus, bytes::Bytes::new(), Some(Duration::from_secs(1))).await;
                 (id, r.ok().and_then(|b| serde_json::from_slice::<Vec<ShardStatusView>>(&b).ok()))
             }
         });
@@ -389,7 +378,7 @@ impl From<super::ShardStatus> for ShardStatusView {
 async fn notify_dropped(me: Weak<Shards>, shard: ShardId, node: NodeId) {
     let Some(t) = me.upgrade().and_then(|s| s.config.transport.clone()) else { return };
     let Ok(body) = postcard::to_allocvec(&shard) else { return };
-    if let Err(e) = t.call(node, DROPPED_CALL, body.into(), Some(Duration::from_secs(2))).await {
+    if let Err(e) = t.call(node, Call::ShardDropped, body.into(), Some(Duration::from_secs(2))).await {
         tracing::debug!(shard, node, "telling a removed replica: {e}");
     }
 }
@@ -423,12 +412,12 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
             for other in route.replicas.iter().copied().filter(|r| *r != node) {
                 let (t, body) = (t.clone(), postcard::to_allocvec(&(id, None::<u64>)).unwrap_or_default());
                 tokio::spawn(async move {
-                    let _ = t.call(other, EVENTS_CALL, body.into(), Some(Duration::from_secs(3))).await;
+                    let _ = t.call(other, Call::ShardEvents, body.into(), Some(Duration::from_secs(3))).await;
                 });
             }
         }
         let Ok(body) = postcard::to_allocvec(&(id, cursor)) else { return };
-        let answer = t.call(node, EVENTS_CALL, body.into(), Some(LONG_POLL + Duration::from_secs(3))).await;
+        let answer = t.call(node, Call::ShardEvents, body.into(), Some(LONG_POLL + Duration::from_secs(3))).await;
         let page = answer
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<Result<EventPage, ShardError>>(&b).map_err(|e| e.to_string()))

@@ -22,10 +22,6 @@ use serde::{Deserialize, Serialize};
 use crate::ids::ShardId;
 use crate::model::Event;
 
-/// Transport call: `postcard((ShardId, Option<u64>))` in (the last index the caller has), JSON
-/// `Result<EventPage, ShardError>` out (events hold JSON values).
-pub const EVENTS_CALL: &str = "shard.events";
-
 /// Entries (with events) each replica keeps per shard for tailing peers ...
 const RING_ENTRIES: usize = 8192;
 /// ... and at most this many bytes of their JSON.

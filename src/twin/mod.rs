@@ -13,13 +13,13 @@ mod scan;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cluster::transport::{CallError, Transport};
+use crate::cluster::transport::{Call, CallError, Transport};
 use serde_json::Value;
 
 use crate::ids::{NodeId, ShardId, TwinId};
 use crate::model::{Applied, Command, TwinError};
 use crate::shard::{ShardError, Shards};
-use read::{ReadOp, ReadOut, READ_CALL};
+use read::{ReadOp, ReadOut};
 
 pub use registry::ActorRegistry;
 
@@ -37,11 +37,6 @@ impl Default for TwinsConfig {
         TwinsConfig { idle_after: Duration::from_secs(30), follower_reads: false }
     }
 }
-
-/// Transport call that runs a write on the node leading the twin's shard: `postcard((TwinId, Command))`
-/// in, `serde_json(Result<Applied, ShardError>)` out (replies hold JSON documents, which postcard
-/// cannot carry).
-pub const WRITE_CALL: &str = "twin.write";
 
 /// How long a write keeps looking for its shard's leader (elections, forwarding hiccups) before it
 /// answers a retryable error.
@@ -69,7 +64,7 @@ impl Twins {
         let sweeper = tokio::spawn(registry.clone().run_sweeper());
         if let Some(t) = &transport {
             let registry = registry.clone();
-            t.handlers().register(WRITE_CALL, move |_from, body: bytes::Bytes| {
+            t.handlers().register(Call::TwinWrite, move |_from, body: bytes::Bytes| {
                 let registry = registry.clone();
                 async move {
                     let (id, cmd): (TwinId, Command) =
@@ -83,7 +78,7 @@ impl Twins {
         }
         if let Some(t) = &transport {
             let shards = shards.clone();
-            t.handlers().register(READ_CALL, move |_from, body: bytes::Bytes| {
+            t.handlers().register(Call::TwinRead, move |_from, body: bytes::Bytes| {
                 let shards = shards.clone();
                 async move {
                     let (shard, op): (ShardId, ReadOp) =
@@ -126,7 +121,7 @@ impl Twins {
         let shard = self.shards.shard_of(&id.device_id);
         let body = postcard::to_allocvec(&(id, cmd)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
         metrics::counter!("twinhub_route_forwarded_total").increment(1);
-        match t.call(leader, WRITE_CALL, body.into(), Some(FORWARD_TIMEOUT)).await {
+        match t.call(leader, Call::TwinWrite, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice::<Result<Applied, ShardError>>(&answer)
                 .map_err(|e| ShardError::Fatal { shard, msg: format!("bad forwarded answer: {e}") })?,
             // Delivered or not, we cannot tell: retry (same request id) until the route deadline.
@@ -180,7 +175,7 @@ impl Twins {
     ) -> Result<ReadOut, ShardError> {
         let body = postcard::to_allocvec(&(shard, op)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
         metrics::counter!("twinhub_route_forwarded_reads_total").increment(1);
-        match t.call(node, READ_CALL, body.into(), Some(FORWARD_TIMEOUT)).await {
+        match t.call(node, Call::TwinRead, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice::<Result<ReadOut, ShardError>>(&answer)
                 .map_err(|e| ShardError::Fatal { shard, msg: format!("bad forwarded answer: {e}") })?,
             Err(e) => {

@@ -9,10 +9,6 @@ use crate::ids::TwinId;
 use crate::model::{Credentials, DeviceStats, ShardState, TwinError};
 use crate::query::{self, Collection, PartialState, RowKey};
 
-/// Transport call that runs a read on a replica of the shard: `postcard((ShardId, ReadOp))` in,
-/// `serde_json(Result<ReadOut, ShardError>)` out.
-pub const READ_CALL: &str = "twin.read";
-
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ReadOp {
     Credentials(TwinId),

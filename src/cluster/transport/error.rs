@@ -55,8 +55,6 @@ pub enum TransportError {
     Encode(#[source] postcard::Error),
     #[error("undecodable answer from node {node}: {msg}")]
     Decode { node: NodeId, msg: String },
-    #[error("invalid call name {0:?}")]
-    InvalidName(String),
 }
 
 impl TransportError {
@@ -93,7 +91,6 @@ impl TransportError {
             TransportError::Protocol { .. } => "protocol_version",
             TransportError::Encode(_) => "encode",
             TransportError::Decode { .. } => "decode",
-            TransportError::InvalidName(_) => "invalid_name",
         }
     }
 }

@@ -30,7 +30,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use super::auth::{unix_ms, AuthError, BodyDigest, Claim, ClusterSecret, Direction, Envelope, Nonce};
 use super::replay::NonceCache;
-use super::wire::{self, Endpoint, RaftKind, RpcFailure, ShardRequest};
+use super::wire::{self, Call, Endpoint, RaftKind, RpcFailure, ShardRequest};
 use super::TransportConfig;
 use crate::ids::{NodeId, ShardId};
 use crate::shard::types::{Raft, Snapshot};
@@ -76,34 +76,29 @@ pub type CallFuture = Pin<Box<dyn Future<Output = Result<Bytes, CallError>> + Se
 /// bytes in, the answer bytes out.
 pub type CallHandler = Arc<dyn Fn(NodeId, Bytes) -> CallFuture + Send + Sync>;
 
-/// Handlers of generic calls, by name (e.g. request forwarding to a shard leader).
+/// Handlers of generic calls (e.g. request forwarding to a shard leader).
 #[derive(Clone, Default)]
 pub struct CallHandlers {
-    handlers: Arc<RwLock<HashMap<String, CallHandler>>>,
+    handlers: Arc<RwLock<HashMap<Call, CallHandler>>>,
 }
 
 impl CallHandlers {
-    /// Registers (or replaces) the handler of `name`. Names are path segments: ASCII letters, digits,
-    /// `.`, `_` and `-`; returns `false` (and registers nothing) for any other.
-    pub fn register<F, Fut>(&self, name: &str, handler: F) -> bool
+    /// Registers (or replaces) the handler of `call`.
+    pub fn register<F, Fut>(&self, call: Call, handler: F)
     where
         F: Fn(NodeId, Bytes) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Bytes, CallError>> + Send + 'static,
     {
-        if !wire::valid_call_name(name) {
-            return false;
-        }
         let handler: CallHandler = Arc::new(move |from, body| Box::pin(handler(from, body)));
-        self.handlers.write().unwrap_or_else(|e| e.into_inner()).insert(name.to_string(), handler);
-        true
+        self.handlers.write().unwrap_or_else(|e| e.into_inner()).insert(call, handler);
     }
 
-    pub fn unregister(&self, name: &str) -> bool {
-        self.handlers.write().unwrap_or_else(|e| e.into_inner()).remove(name).is_some()
+    pub fn unregister(&self, call: Call) -> bool {
+        self.handlers.write().unwrap_or_else(|e| e.into_inner()).remove(&call).is_some()
     }
 
-    fn get(&self, name: &str) -> Option<CallHandler> {
-        self.handlers.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned()
+    fn get(&self, call: Call) -> Option<CallHandler> {
+        self.handlers.read().unwrap_or_else(|e| e.into_inner()).get(&call).cloned()
     }
 }
 
@@ -433,7 +428,9 @@ impl Inner {
     }
 
     async fn call(&self, name: &str, from: NodeId, body: Bytes) -> Result<Bytes, RpcFailure> {
-        let handler = self.handlers.get(name).ok_or_else(|| RpcFailure::NoHandler(name.to_string()))?;
+        let handler = Call::from_name(name)
+            .and_then(|c| self.handlers.get(c))
+            .ok_or_else(|| RpcFailure::NoHandler(name.to_string()))?;
         handler(from, body).await.map_err(|e| RpcFailure::Handler(e.0))
     }
 }

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, SIGNATURE_HEADERS};
+use super::wire::TestCall;
 use super::*;
 use crate::model::{Command, DeviceSpec, Op, Reply};
 use crate::net::{ConnGate, ListenerLimits};
@@ -32,6 +33,12 @@ use crate::shard::store::Store;
 use crate::shard::types::{Node, Raft};
 
 const SECRET: &[u8] = b"twinhub test cluster secret";
+const ECHO: Call = Call::Test(TestCall::Echo);
+const FAIL: Call = Call::Test(TestCall::Fail);
+const SLOW: Call = Call::Test(TestCall::Slow);
+const PING: Call = Call::Test(TestCall::Ping);
+const COUNT: Call = Call::Test(TestCall::Count);
+const NOBODY: Call = Call::Test(TestCall::Nobody);
 /// Generous: these are behaviour checks on a loaded 2-core box, not performance assertions.
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -303,7 +310,7 @@ fn signed(s: &[u8], node: NodeId, path: &str, ts: u64, digest_of: &[u8]) -> Head
 fn count_calls(t: &Transport) -> Arc<AtomicUsize> {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
-    t.handlers().register("count", move |_, _| {
+    t.handlers().register(COUNT, move |_, _| {
         c.fetch_add(1, Ordering::SeqCst);
         async { Ok(Bytes::from_static(b"counted")) }
     });
@@ -326,7 +333,7 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     stranger.peers().set(1, node.addr.clone());
     let err = stranger.vote(1, 0, vote_req(5, 2), WAIT).await.expect_err("stranger");
     assert!(matches!(err, TransportError::Remote { failure: RpcFailure::Unauthorized, .. }), "{err}");
-    let err = stranger.call(1, "count", Bytes::from_static(b"x"), None).await.expect_err("stranger");
+    let err = stranger.call(1, COUNT, Bytes::from_static(b"x"), None).await.expect_err("stranger");
     assert!(matches!(err, TransportError::Remote { failure: RpcFailure::Unauthorized, .. }), "{err}");
 
     // Correctly signed but 2 minutes old: refused, unsigned.
@@ -377,7 +384,7 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     // And a client refuses an answer signed by another node than the one it asked.
     let confused = transport(2);
     confused.peers().set(3, node.addr.clone());
-    let err = confused.call(3, "count", Bytes::new(), None).await.expect_err("wrong node answered");
+    let err = confused.call(3, COUNT, Bytes::new(), None).await.expect_err("wrong node answered");
     assert!(
         matches!(err, TransportError::ResponseAuth { source: auth::AuthError::WrongNode { got: 1, want: 3 }, .. }),
         "{err}"
@@ -415,12 +422,12 @@ async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
     // The peer comes up at that address: once the backoff ends, the next request reconnects.
     let listener = TcpListener::bind(&addr).await.expect("rebind the dead port");
     let peer = transport(9);
-    peer.handlers().register("ping", |_, _| async { Ok(Bytes::from_static(b"pong")) });
+    peer.handlers().register(PING, |_, _| async { Ok(Bytes::from_static(b"pong")) });
     let stop = CancellationToken::new();
     let server = tokio::spawn(serve(listener, peer.service(), gate(), WAIT, stop.clone()));
     let deadline = Instant::now() + WAIT;
     let answer = loop {
-        match t.call(9, "ping", Bytes::new(), None).await {
+        match t.call(9, PING, Bytes::new(), None).await {
             Ok(a) => break a,
             Err(e) if e.is_unreachable() && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await
@@ -441,28 +448,27 @@ async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_call_round_trips_bytes_over_one_connection() {
     let server_t = transport(1);
-    server_t.handlers().register("echo", |from, body: Bytes| async move {
+    server_t.handlers().register(ECHO, |from, body: Bytes| async move {
         let mut out = format!("{from}:").into_bytes();
         out.extend(body.iter().rev());
         Ok(Bytes::from(out))
     });
-    server_t.handlers().register("fail", |_, _| async { Err(CallError("no leader for shard 3".into())) });
-    server_t.handlers().register("slow", |_, _| async {
+    server_t.handlers().register(FAIL, |_, _| async { Err(CallError("no leader for shard 3".into())) });
+    server_t.handlers().register(SLOW, |_, _| async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         Ok(Bytes::new())
     });
-    assert!(!server_t.handlers().register("bad/name", |_, _| async { Ok(Bytes::new()) }));
     let (addr, stop, server) = start_server(&server_t).await;
 
     let client = transport(2);
     client.peers().set(1, addr);
-    let answer = client.call(1, "echo", Bytes::from_static(b"abc"), None).await.expect("echo");
+    let answer = client.call(1, ECHO, Bytes::from_static(b"abc"), None).await.expect("echo");
     assert_eq!(&answer[..], b"2:cba");
 
     // Many concurrent calls share the one connection.
     let calls = (0..50u32).map(|i| {
         let client = client.clone();
-        async move { client.call(1, "echo", Bytes::from(i.to_string()), None).await }
+        async move { client.call(1, ECHO, Bytes::from(i.to_string()), None).await }
     });
     for (i, r) in futures::future::join_all(calls).await.into_iter().enumerate() {
         let want = format!("2:{}", i.to_string().chars().rev().collect::<String>());
@@ -472,24 +478,22 @@ async fn test_call_round_trips_bytes_over_one_connection() {
 
     // A large body crosses intact (flow-control windows).
     let big = Bytes::from(vec![7u8; 3 << 20]);
-    assert_eq!(client.call(1, "echo", big.clone(), None).await.expect("big echo").len(), big.len() + 2);
+    assert_eq!(client.call(1, ECHO, big.clone(), None).await.expect("big echo").len(), big.len() + 2);
 
-    let err = client.call(1, "nobody", Bytes::new(), None).await.expect_err("no handler");
+    let err = client.call(1, NOBODY, Bytes::new(), None).await.expect_err("no handler");
     assert!(matches!(err, TransportError::Remote { failure: RpcFailure::NoHandler(_), .. }), "{err}");
-    let err = client.call(1, "fail", Bytes::new(), None).await.expect_err("handler error");
+    let err = client.call(1, FAIL, Bytes::new(), None).await.expect_err("handler error");
     assert!(
         matches!(&err, TransportError::Remote { failure: RpcFailure::Handler(m), .. } if m.contains("shard 3")),
         "{err}"
     );
-    let err = client.call(1, "slow", Bytes::new(), Some(Duration::from_millis(200))).await.expect_err("deadline");
+    let err = client.call(1, SLOW, Bytes::new(), Some(Duration::from_millis(200))).await.expect_err("deadline");
     assert_eq!(err.timeout(), Some(Duration::from_millis(200)), "{err}");
-    let err = client.call(1, "a/b", Bytes::new(), None).await.expect_err("invalid name");
-    assert!(matches!(err, TransportError::InvalidName(_)), "{err}");
     let big = Bytes::from(vec![0u8; client.config().limits.call + 1]);
-    let err = client.call(1, "echo", big, None).await.expect_err("too large");
+    let err = client.call(1, ECHO, big, None).await.expect_err("too large");
     assert!(matches!(err, TransportError::Remote { failure: RpcFailure::TooLarge { .. }, .. }), "{err}");
     // Still the same connection after all of that.
-    assert_eq!(client.call(1, "echo", Bytes::from_static(b"z"), None).await.expect("echo"), &b"2:z"[..]);
+    assert_eq!(client.call(1, ECHO, Bytes::from_static(b"z"), None).await.expect("echo"), &b"2:z"[..]);
     assert_eq!(client.peers().get(1).expect("peer").connections_opened(), 1);
     stop.cancel();
     server.await.expect("server");
@@ -535,7 +539,7 @@ async fn test_replayed_request_and_reflected_answer_are_refused() {
     let server_t = transport(1);
     let calls = count_calls(&server_t);
     let (addr, stop, server) = start_server(&server_t).await;
-    let path = Endpoint::Call("count".into()).path();
+    let path = Endpoint::Call(COUNT.name().into()).path();
     let headers = signed(SECRET, 2, &path, unix_ms(), b"hi");
     let first = raw_post(&addr, &path, &headers, b"hi".to_vec()).await;
     assert_eq!((first.status, &first.body[..]), (StatusCode::OK, &b"counted"[..]));
@@ -561,7 +565,7 @@ async fn test_replayed_request_and_reflected_answer_are_refused() {
 async fn test_unauthenticated_connections_are_bounded_and_timed_out() {
     use tokio::io::AsyncReadExt;
     let server_t = transport(1);
-    server_t.handlers().register("ping", |_, _| async { Ok(Bytes::from_static(b"pong")) });
+    server_t.handlers().register(PING, |_, _| async { Ok(Bytes::from_static(b"pong")) });
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let gate = ConnGate::new(
@@ -608,11 +612,25 @@ async fn test_unauthenticated_connections_are_bounded_and_timed_out() {
     // A member gets in, stays past the timeout, and holds no unauthenticated slot.
     let client = transport(2);
     client.peers().set(1, addr);
-    assert_eq!(&client.call(1, "ping", Bytes::new(), None).await.expect("ping")[..], b"pong");
+    assert_eq!(&client.call(1, PING, Bytes::new(), None).await.expect("ping")[..], b"pong");
     tokio::time::sleep(auth_timeout * 2).await;
-    assert_eq!(&client.call(1, "ping", Bytes::new(), None).await.expect("ping")[..], b"pong");
+    assert_eq!(&client.call(1, PING, Bytes::new(), None).await.expect("ping")[..], b"pong");
     assert_eq!((gate.open(), gate.unauthenticated()), (1, 0));
     assert_eq!(client.peers().get(1).expect("peer").connections_opened(), 1);
     stop.cancel();
     server.await.expect("server");
+}
+
+/// Every call has its own wire name, a valid path segment that reads back as the same call; an
+/// unknown name is no call at all (the server answers `no_handler`).
+#[test]
+fn call_names_round_trip() {
+    let mut seen = std::collections::HashSet::new();
+    for c in Call::ALL {
+        assert!(wire::valid_call_name(c.name()), "{c:?}");
+        assert!(seen.insert(c.name()), "{c:?} shares its name");
+        assert_eq!(Call::from_name(c.name()), Some(c));
+        assert_eq!(Endpoint::parse(&Endpoint::Call(c.name().into()).path()), Some(Endpoint::Call(c.name().into())));
+    }
+    assert_eq!(Call::from_name("twin.delete"), None);
 }

@@ -60,6 +60,107 @@ impl RaftKind {
     }
 }
 
+/// The generic inter-node calls (`POST /cluster/v2/call/{name}`), each served by one handler. The
+/// name on the wire is the variant's [`Call::name`]; a name no handler serves (a node of another
+/// release) is answered `no_handler`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// Runs a write on the node leading the twin's shard: `postcard((TwinId, Command))` in,
+    /// `serde_json(Result<Applied, ShardError>)` out (replies hold JSON documents, which postcard
+    /// cannot carry).
+    TwinWrite,
+    /// Runs a read on a replica of the shard: `postcard((ShardId, ReadOp))` in,
+    /// `serde_json(Result<ReadOut, ShardError>)` out.
+    TwinRead,
+    /// Proposes a metadata change (cluster map, jobs, configurations, certificates) on the metadata
+    /// leader: `serde_json(Command)` in, `serde_json(Result<Applied, ShardError>)` out.
+    MetaWrite,
+    /// Answers a shard's read index: `postcard(ShardId)` in, `postcard(Result<Option<u64>,
+    /// ShardError>)` out.
+    ReadIndex,
+    /// This node's view of the groups it hosts: `()` in, `serde_json(Vec<ShardStatus>)` out.
+    NodeStatus,
+    /// A shard leader tells a replica it removed to close its group at once (a removed replica never
+    /// hears the final membership from Raft itself): `postcard(ShardId)` in.
+    ShardDropped,
+    /// A starting node (`--join`) asks any member to propose it to the cluster map:
+    /// `serde_json((NodeId, addr))` in, `serde_json(Result<(), ShardError>)` out.
+    ClusterJoin,
+    /// A page of a shard's change events: `postcard((ShardId, Option<u64>))` in (the last index the
+    /// caller has), JSON `Result<EventPage, ShardError>` out (events hold JSON values).
+    ShardEvents,
+    /// Delivers a direct method call to a device connection the callee holds (never forwarded on).
+    DeviceMethod,
+    /// Handlers the transport's own tests register.
+    #[cfg(test)]
+    Test(TestCall),
+}
+
+/// The transport tests' handlers.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TestCall {
+    Echo,
+    Fail,
+    Slow,
+    Ping,
+    Count,
+    /// Registered by no test: a call nobody serves.
+    Nobody,
+}
+
+impl Call {
+    /// Every call a node serves.
+    pub const ALL: [Call; 9] = [
+        Call::TwinWrite,
+        Call::TwinRead,
+        Call::MetaWrite,
+        Call::ReadIndex,
+        Call::NodeStatus,
+        Call::ShardDropped,
+        Call::ClusterJoin,
+        Call::ShardEvents,
+        Call::DeviceMethod,
+    ];
+
+    /// The name on the wire (a path segment).
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::TwinWrite => "twin.write",
+            Call::TwinRead => "twin.read",
+            Call::MetaWrite => "meta.write",
+            Call::ReadIndex => "shard.read-index",
+            Call::NodeStatus => "node.status",
+            Call::ShardDropped => "shard.dropped",
+            Call::ClusterJoin => "cluster.join",
+            Call::ShardEvents => "shard.events",
+            Call::DeviceMethod => "device.method",
+            #[cfg(test)]
+            Call::Test(t) => match t {
+                TestCall::Echo => "test.echo",
+                TestCall::Fail => "test.fail",
+                TestCall::Slow => "test.slow",
+                TestCall::Ping => "test.ping",
+                TestCall::Count => "test.count",
+                TestCall::Nobody => "test.nobody",
+            },
+        }
+    }
+
+    /// The call a wire name stands for; `None` for a name this release does not know.
+    pub fn from_name(name: &str) -> Option<Call> {
+        #[cfg(test)]
+        {
+            use TestCall::*;
+            let tests = [Echo, Fail, Slow, Ping, Count, Nobody].map(Call::Test);
+            if let Some(c) = tests.into_iter().find(|c| c.name() == name) {
+                return Some(c);
+            }
+        }
+        Call::ALL.into_iter().find(|c| c.name() == name)
+    }
+}
+
 /// A request target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
