@@ -156,9 +156,10 @@ pub async fn bulk(
         let first = ids[0].0.clone();
         let cmd = Command::new(Op::Bulk { entries }, at);
         let outcome = match twins.write(&first, cmd).await {
-            Ok(applied) => match applied.result {
-                Ok(Reply::Bulk(o)) if o.len() == ids.len() => Ok(o),
-                Ok(other) => Err(ApiError::Internal(format!("unexpected reply to a bulk command: {other:?}"))),
+            Ok(applied) => match applied.result.map(Reply::into_bulk) {
+                Ok(Ok(o)) if o.len() == ids.len() => Ok(o),
+                Ok(Ok(o)) => Err(ApiError::Internal(format!("{} outcomes for {} bulk entries", o.len(), ids.len()))),
+                Ok(Err(e)) => Err(ApiError::from(e)),
                 Err(e) => Err(ApiError::from(e)),
             },
             Err(e) => Err(ApiError::from(e)),

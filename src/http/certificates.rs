@@ -68,10 +68,9 @@ fn required_if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
 }
 
 fn reply(r: Result<Reply, crate::model::TwinError>) -> Result<Response, ApiError> {
-    match r? {
-        Reply::Certificate(Some(v)) => Ok(ok_json(&v)),
-        Reply::Certificate(None) | Reply::Done => Ok(axum::http::StatusCode::OK.into_response()),
-        other => Err(ApiError::Internal(format!("unexpected reply to a certificate command: {other:?}"))),
+    match r?.into_certificate()? {
+        Some(v) => Ok(ok_json(&v)),
+        None => Ok(axum::http::StatusCode::OK.into_response()),
     }
 }
 

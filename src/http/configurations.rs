@@ -16,7 +16,7 @@ use super::registry::if_match;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::model::config::{self, ConfigOp, Configuration};
-use crate::model::{validate_id, Op, Reply};
+use crate::model::{validate_id, Op};
 use crate::query::{self, Collection};
 
 /// `GET /configurations` without `top`, and the most it returns (IoT Hub's limits).
@@ -73,10 +73,8 @@ pub async fn put(
     let doc = body::json(raw, "Configuration")?;
     let spec = config::parse(&id, &doc, check_condition, check_metric_query).map_err(ApiError::BadRequest)?;
     let op = Op::Configuration(ConfigOp::Put { spec, if_match: if_match(&headers) });
-    match st.twins()?.propose_meta(op).await?? {
-        Reply::Configuration(_) => get_one(&st, &id).await,
-        other => Err(ApiError::Internal(format!("unexpected reply to a configuration command: {other:?}"))),
-    }
+    st.twins()?.propose_meta(op).await??.into_configuration()?;
+    get_one(&st, &id).await
 }
 
 async fn get_one(st: &Shared, id: &str) -> Result<Response, ApiError> {

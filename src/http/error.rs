@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::auth::AuthError;
 use crate::error_code::ErrorCode;
 use crate::model::TwinError;
+use crate::model::UnexpectedReply;
 use crate::mqtt::methods::MethodError;
 use crate::shard::ShardError;
 
@@ -41,6 +42,9 @@ pub enum ApiError {
     ConnectionLimit(&'static str),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A command answered a kind of reply it never produces: a bug between layers.
+    #[error("internal error: {0}")]
+    UnexpectedReply(#[from] UnexpectedReply),
 }
 
 impl ApiError {
@@ -63,7 +67,7 @@ impl ApiError {
                 MethodError::Busy => ErrorCode::ThrottlingException,
             },
             ApiError::ConnectionLimit(_) => ErrorCode::ServerBusy,
-            ApiError::Internal(_) => ErrorCode::ServerError,
+            ApiError::Internal(_) | ApiError::UnexpectedReply(_) => ErrorCode::ServerError,
         }
     }
 

@@ -21,10 +21,7 @@ use crate::model::{now_ms, validate_id, validate_twin_patch, Op, Reply};
 const DEFAULT_MAX_SECS: u64 = 3600;
 
 fn job_reply(r: Result<Reply, crate::model::TwinError>) -> Result<Response, ApiError> {
-    match r? {
-        Reply::Job(v) => Ok(ok_json(&v)),
-        other => Err(ApiError::Internal(format!("unexpected reply to a job command: {other:?}"))),
-    }
+    Ok(ok_json(&r?.into_job()?))
 }
 
 fn parse_time(field: &str, v: &Value) -> Result<i64, ApiError> {

@@ -89,10 +89,7 @@ pub async fn put_device(
         }
     };
     let cmd = Command::new(op, now_ms());
-    match propose(&st, &TwinId::device(id), cmd).await? {
-        Reply::Device(v) => Ok(ok_json(&v)),
-        other => Err(ApiError::Internal(format!("unexpected reply to PutDevice: {other:?}"))),
-    }
+    Ok(ok_json(&propose(&st, &TwinId::device(id), cmd).await?.into_device()?))
 }
 
 pub async fn delete_device(
@@ -138,10 +135,7 @@ pub async fn put_module(
     let doc = body::json(raw, "Module")?;
     let module = module_spec(&id, &mid, &doc)?;
     let cmd = Command::new(Op::PutModule { module, if_match: if_match(&headers) }, now_ms());
-    match propose(&st, &TwinId::module(id, mid), cmd).await? {
-        Reply::Module(v) => Ok(ok_json(&v)),
-        other => Err(ApiError::Internal(format!("unexpected reply to PutModule: {other:?}"))),
-    }
+    Ok(ok_json(&propose(&st, &TwinId::module(id, mid), cmd).await?.into_module()?))
 }
 
 pub async fn delete_module(

@@ -10,7 +10,7 @@ use super::registry::{if_match, propose};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;
-use crate::model::{now_ms, validate_id, validate_twin_patch, validate_twin_replace, Command, Op, Reply};
+use crate::model::{now_ms, validate_id, validate_twin_patch, validate_twin_replace, Command, Op};
 
 fn resource(id: &TwinId) -> String {
     match &id.module_id {
@@ -48,10 +48,8 @@ async fn write(
         validate_twin_patch(&doc)?;
         Op::UpdateTwin { id: id.clone(), patch_json: json, if_match }
     };
-    match propose(&st, &id, Command::new(op, now_ms())).await? {
-        Reply::Twin(v) => Ok(super::ok_json_text(v.as_str())),
-        other => Err(ApiError::Internal(format!("unexpected reply to a twin write: {other:?}"))),
-    }
+    let twin = propose(&st, &id, Command::new(op, now_ms())).await?.into_twin()?;
+    Ok(super::ok_json_text(twin.as_str()))
 }
 
 pub async fn get_twin(

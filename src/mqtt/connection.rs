@@ -39,7 +39,7 @@ use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIR
 use super::topics::{self, Inbound, TwinRequest};
 use super::Mqtt;
 use crate::ids::TwinId;
-use crate::model::{now_ms, validate_reported_patch, Applied, Command, Op, Reply};
+use crate::model::{now_ms, validate_reported_patch, Applied, Command, Op};
 use crate::net::ConnPermit;
 use crate::notify::{DesiredPush, DesiredPushes};
 
@@ -570,8 +570,13 @@ impl Connection {
         self.ops.push_back(Box::pin(async move {
             let cmd =
                 Command { request_id, timestamp_ms: now_ms(), op: Op::UpdateReported { id: id.clone(), patch_json } };
-            let mut done = match twins.write(&id, cmd).await {
-                Ok(Applied { result: Ok(Reply::Reported { version }), .. }) => Done::answer(
+            let version = twins
+                .write(&id, cmd)
+                .await
+                .map_err(RequestError::from)
+                .and_then(|applied| Ok(applied.result.map_err(RequestError::from)?.into_reported_version()?));
+            let mut done = match version {
+                Ok(version) => Done::answer(
                     kind,
                     204,
                     topics::response_topic(204, &rid, Some(version)),
@@ -579,12 +584,7 @@ impl Connection {
                     puback,
                     started,
                 ),
-                Ok(Applied { result: Ok(other), .. }) => {
-                    let e = RequestError::Internal(format!("unexpected reply to a reported patch: {other:?}"));
-                    Done::error(kind, &rid, e, puback, started)
-                }
-                Ok(Applied { result: Err(e), .. }) => Done::error(kind, &rid, e.into(), puback, started),
-                Err(e) => Done::error(kind, &rid, e.into(), puback, started),
+                Err(e) => Done::error(kind, &rid, e, puback, started),
             };
             done.write = true;
             done

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::error_code::ErrorCode;
 use crate::model::time::format_ms;
-use crate::model::{now_ms, TwinError};
+use crate::model::{now_ms, TwinError, UnexpectedReply};
 use crate::shard::ShardError;
 
 /// Why a twin request (`$iothub/twin/GET`, `.../PATCH/properties/reported`) failed.
@@ -20,9 +20,9 @@ pub enum RequestError {
     /// The request itself is malformed (payload is not JSON, query string without `key=value`).
     #[error("{0}")]
     BadRequest(String),
-    /// The twin layer answered something this request cannot produce: a bug, reported as a 500.
+    /// The write answered a kind of reply it never produces: a bug between layers (a 500).
     #[error("internal error: {0}")]
-    Internal(String),
+    UnexpectedReply(#[from] UnexpectedReply),
 }
 
 impl RequestError {
@@ -33,7 +33,7 @@ impl RequestError {
             RequestError::Twin(e) => ErrorCode::of_twin(e),
             RequestError::Shard(e) => ErrorCode::of_shard(e),
             RequestError::BadRequest(_) => ErrorCode::ArgumentInvalid,
-            RequestError::Internal(_) => ErrorCode::ServerError,
+            RequestError::UnexpectedReply(_) => ErrorCode::ServerError,
         };
         (code.status(), code.number())
     }
@@ -238,7 +238,11 @@ mod tests {
             (ShardError::ShuttingDown { shard: 0 }.into(), 503, 503_001),
             (ShardError::Storage { shard: 0, msg: "x".into() }.into(), 503, 503_001),
             (ShardError::Fatal { shard: 0, msg: "x".into() }.into(), 500, 500_001),
-            (RequestError::Internal("x".into()), 500, 500_001),
+            (
+                RequestError::UnexpectedReply(crate::model::UnexpectedReply { wanted: "reported", got: "twin" }),
+                500,
+                500_001,
+            ),
         ];
         for (e, status, code) in cases {
             assert_eq!(e.classify(), (status, code), "{e}");

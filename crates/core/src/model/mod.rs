@@ -19,6 +19,7 @@ pub mod jobs;
 mod json_text;
 pub mod method;
 mod registry;
+mod reply;
 pub mod time;
 pub mod validate;
 
@@ -29,6 +30,7 @@ pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op
 pub use error::TwinError;
 pub use json_text::JsonText;
 pub use registry::edge_scope_device;
+pub use reply::UnexpectedReply;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
