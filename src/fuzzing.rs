@@ -447,7 +447,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 pub fn cluster_wire(data: &[u8]) {
     use crate::cluster::transport::wire::{self, Endpoint, RpcFailure, ShardRequest};
     use crate::ids::{NodeId, ShardId};
-    use crate::shard::types::TypeConfig;
+    use crate::storage::types::TypeConfig;
     use openraft::raft::{
         AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, VoteRequest, VoteResponse,
     };

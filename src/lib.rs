@@ -11,8 +11,9 @@
 //!
 //! - [`model`]: the pure twin model: documents, `$metadata`, versions, etags, limits, the identity
 //!   registry and the deterministic `apply` of a [`model::Command`]. No I/O, no clock.
-//! - [`shard`]: one openraft group per shard; the log and state machine live in one fjall database per
+//! - [`storage`]: Raft storage: the log and state machine of every group live in one fjall database per
 //!   node, and a single writer group-commits the appends of every shard.
+//! - [`shard`]: one openraft group per shard, placed by the cluster map.
 //! - [`cluster`]: shard placement; the node-to-node transport (one authenticated HTTP/2 connection per peer).
 //! - [`twin`]: one ractor actor per *active* twin; it orders that twin's requests and pipelines them into
 //!   its shard's Raft group. Actors are spawned on first use and passivated when idle.
@@ -30,6 +31,7 @@
 pub mod auth;
 pub mod cli;
 pub mod cluster;
+pub mod config;
 pub mod configurations;
 pub mod error_code;
 /// Fuzz entry points for every network parser (see `fuzz/README.md`); not an API.
@@ -43,6 +45,7 @@ pub mod node;
 pub mod notify;
 pub mod secrets;
 pub mod shard;
+pub mod storage;
 pub mod sysmetrics;
 pub mod tls;
 pub mod twin;

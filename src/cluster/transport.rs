@@ -79,7 +79,7 @@ pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
 pub use wire::{Call, Endpoint, RaftKind, RpcFailure};
 
 use crate::ids::{NodeId, ShardId};
-use crate::shard::types::{Snapshot, TypeConfig, Vote};
+use crate::storage::types::{Snapshot, TypeConfig, Vote};
 use auth::{unix_ms, AuthError, BodyDigest, Claim, Direction, Envelope, Nonce};
 use wire::{ShardRequest, SnapshotHead};
 

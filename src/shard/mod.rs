@@ -1,13 +1,6 @@
-//! Durable sharded state: one openraft group per shard, all groups of a node storing their logs, votes
-//! and snapshots in one fjall database (`data_dir/raft`). A single writer task group-commits the
-//! writes of every shard: one batch, one fsync, then every append of the batch is acknowledged (see
-//! [`group_commit`] for the durability argument).
+//! Sharded state: one openraft group per shard, over the node's Raft storage ([`crate::storage`]:
+//! one fjall database, one group-committing writer; its modules are re-exported here).
 //!
-//! - [`types`]: the openraft type configuration (`Command` in, `Applied` out).
-//! - [`store`]: fjall handles, key layout, reads.
-//! - [`group_commit`]: the single writer.
-//! - [`log_store`]: openraft's `RaftLogStorage` for one shard.
-//! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
 //! - [`network`]: the per-node router every group shares; over the cluster transport when there is one.
 //! - `error`, `config`, `group`, `calls`: the layer's error type (and the mapping of openraft's), its
 //!   configuration, one shard's handle (proposals, linearizable reads), and what peers may call.
@@ -18,14 +11,11 @@ mod calls;
 mod config;
 mod error;
 mod group;
-pub mod group_commit;
-pub mod log_store;
 pub mod network;
 pub mod reconcile;
-pub mod state_machine;
-pub mod store;
 pub mod tail;
-pub mod types;
+
+pub use crate::storage::{group_commit, log_store, state_machine, store, types};
 
 use calls::{register_calls, remote_meta_write};
 pub use config::ShardsConfig;

@@ -11,7 +11,7 @@ use crate::ids::NodeId;
 use crate::model::{Applied, Command};
 
 /// A cluster member as Raft membership records it. The address is empty while groups are single-voter;
-/// the cluster issue fills it with the node's Raft/HTTP2 endpoint.
+/// a cluster fills it with the node's Raft/HTTP2 endpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     pub addr: String,

@@ -29,7 +29,7 @@ use openraft::raft::VoteRequest;
 use super::peers::PeerTable;
 use super::server::LocalGroups;
 use crate::ids::NodeId;
-use crate::shard::types::TypeConfig;
+use crate::storage::types::TypeConfig;
 
 /// Longest wait for a probe's connect: a refused one comes back in well under a millisecond on a LAN.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -125,7 +125,7 @@ pub fn on_connection_closed(me: NodeId, node: NodeId, groups: LocalGroups, peers
 
 /// Lets this voter grant `req` during its lease on a leader that its own probe finds gone (see the
 /// module doc). Changes nothing otherwise.
-pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mut VoteRequest<TypeConfig>) {
+pub async fn vouch(raft: &crate::storage::types::Raft, peers: &PeerTable, req: &mut VoteRequest<TypeConfig>) {
     if req.leadership_transfer {
         return;
     }
@@ -169,7 +169,7 @@ pub async fn vouch(raft: &crate::shard::types::Raft, peers: &PeerTable, req: &mu
     req.leadership_transfer = true;
 }
 
-fn leader_of(raft: &crate::shard::types::Raft) -> Option<NodeId> {
+fn leader_of(raft: &crate::storage::types::Raft) -> Option<NodeId> {
     raft.metrics().borrow_watched().current_leader
 }
 

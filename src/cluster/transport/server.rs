@@ -33,7 +33,7 @@ use super::replay::NonceCache;
 use super::wire::{self, Call, Endpoint, RaftKind, RpcFailure, ShardRequest};
 use super::TransportConfig;
 use crate::ids::{NodeId, ShardId};
-use crate::shard::types::{Raft, Snapshot};
+use crate::storage::types::{Raft, Snapshot};
 
 /// The Raft groups this node hosts, by shard. The shard layer registers a group once it is built and
 /// unregisters it when the replica leaves this node; requests for other shards are answered

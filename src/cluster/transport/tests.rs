@@ -26,11 +26,11 @@ use super::wire::TestCall;
 use super::*;
 use crate::model::{Command, DeviceSpec, Op, Reply};
 use crate::net::{ConnGate, ListenerLimits};
-use crate::shard::log_store::LogStore;
 use crate::shard::network::{NetworkFactory, ShardRouter};
-use crate::shard::state_machine::{SharedState, StateMachine};
-use crate::shard::store::Store;
-use crate::shard::types::{Node, Raft};
+use crate::storage::log_store::LogStore;
+use crate::storage::state_machine::{SharedState, StateMachine};
+use crate::storage::store::Store;
+use crate::storage::types::{Node, Raft};
 
 const SECRET: &[u8] = b"twinhub test cluster secret";
 const ECHO: Call = Call::Test(TestCall::Echo);

@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::ShardId;
-use crate::shard::types::{SnapshotMeta, Vote};
+use crate::storage::types::{SnapshotMeta, Vote};
 
 /// The inter-node protocol this build speaks; bump it with any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 2;

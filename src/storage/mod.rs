@@ -1,0 +1,19 @@
+//! Raft storage: every shard group of a node keeps its log, vote and snapshots in one fjall database
+//! (`data_dir/raft`), and one writer task group-commits the writes of every group: one batch, one
+//! fsync, then every append of the batch is acknowledged (see [`group_commit`] for the durability
+//! argument).
+//!
+//! - [`types`]: the openraft type configuration (`Command` in, `Applied` out).
+//! - [`store`]: fjall handles, key layout, reads.
+//! - [`group_commit`]: the single writer.
+//! - [`log_store`]: openraft's `RaftLogStorage` for one shard.
+//! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
+//!
+//! This layer sits on the pure model and below everything that moves bytes between nodes: the
+//! cluster transport carries these types, and the shard layer runs groups over them.
+
+pub mod group_commit;
+pub mod log_store;
+pub mod state_machine;
+pub mod store;
+pub mod types;
