@@ -8,8 +8,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Policies, PolicyFileError, OWNER};
-use crate::cli::Config;
 use crate::cluster::transport::{ClusterSecret, Transport, TransportConfig};
+use crate::config::Config;
 use crate::mqtt::Mqtt;
 use crate::notify::{Hub, HubConfig};
 use crate::shard::{ShardError, Shards, ShardsConfig};
@@ -377,8 +377,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn starts_serves_and_restarts() {
         let dir = tempfile::tempdir().unwrap();
-        let config = crate::cli::Config::resolve(
-            crate::cli::ServeArgs {
+        let config = crate::config::Config::resolve(
+            crate::config::ServeArgs {
                 data_dir: Some(dir.path().into()),
                 http_listen: Some("127.0.0.1:0".into()),
                 mqtt_listen: Some("127.0.0.1:0".into()),

@@ -5,7 +5,7 @@ pub mod admin;
 pub mod backup;
 pub mod cluster;
 mod companion;
-pub mod config;
+
 mod https;
 pub mod remote;
 
@@ -14,8 +14,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub use crate::config::{Config, ConfigError, ServeArgs};
 pub use companion::companion_binary;
-pub use config::{Config, ConfigError, ServeArgs};
 
 #[derive(Parser, Debug)]
 #[command(
