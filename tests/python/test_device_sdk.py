@@ -2,7 +2,7 @@
 `IoTHubModuleClient`, MQTT 3.1.1 over TLS 1.2) together with the `azure-iot-hub` 2.7.0 service SDK, against
 the real twinhub binary.
 
-The device SDK always dials port 8883 (spec §1.1), so the server is started with
+The device SDK always dials port 8883 (docs/iothub-protocol.md §1.1), so the server is started with
 `--mqtt-listen 127.0.0.1:8883 --hostname localhost` (every other listener on an ephemeral port) and
 8883 must be free. Devices trust the generated CA through `server_verification_cert=<PEM contents>` (or
 `SSL_CERT_FILE`, see the module test); the service SDK through REQUESTS_CA_BUNDLE (conftest.py).
@@ -405,7 +405,7 @@ def test_wrong_key_is_a_credential_error(hub, rm, clients):
 def test_server_restart_device_resyncs_desired_with_reconnect_get(hub, rm, clients):
     """The other forced drop: SIGTERM the server and start it again on the same data directory and ports.
     The device's immediate reconnect is refused, so it retries after `connection_retry_interval`; the
-    desired change made in between can only reach it through the SDK's reconnect GET (spec §1.6), which
+    desired change made in between can only reach it through the SDK's reconnect GET (docs/iothub-protocol.md §1.6), which
     the server must answer even though the SDK sends it before (and without) any SUBSCRIBE."""
     dev, key = new_device(rm)
     rm.update_twin(dev, Twin(properties=TwinProperties(desired={"gen": 1})))  # $version 2
