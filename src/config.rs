@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// writes by the replication delay; linearizable reads are the default)
     #[arg(long)]
     pub follower_reads: bool,
+    /// Threads running the node's tasks [default: one per CPU core]. Nodes sharing a machine should
+    /// split its cores between them: fewer threads than busy tasks means fewer thread hand-offs
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
     /// read in the process list)
     #[arg(long)]
@@ -159,6 +163,7 @@ pub struct FileConfig {
     pub join: Option<String>,
     pub raft_heartbeat_ms: Option<u64>,
     pub follower_reads: Option<bool>,
+    pub worker_threads: Option<usize>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
     pub cluster_ca: Option<PathBuf>,
@@ -212,6 +217,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     pub raft_heartbeat_ms: u64,
     pub follower_reads: bool,
+    /// Threads of the node's runtime; `None`: one per CPU core.
+    pub worker_threads: Option<usize>,
     /// Connection bounds and timeouts of every listener.
     pub net: crate::net::NetLimits,
     /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
@@ -479,11 +486,20 @@ impl Config {
         let follower_reads = args.follower_reads
             || env("TWINHUB_FOLLOWER_READS").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
             || file.follower_reads.unwrap_or(false);
+        let worker_threads = count(args.worker_threads, "TWINHUB_WORKER_THREADS", file.worker_threads)?;
+        if worker_threads == Some(0) {
+            return Err(ConfigError::Invalid {
+                option: "worker-threads",
+                value: "0".into(),
+                expected: "number of threads (at least 1)",
+            });
+        }
         Ok(Config {
             node_id,
             cluster,
             raft_heartbeat_ms,
             follower_reads,
+            worker_threads,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
@@ -623,6 +639,25 @@ mod tests {
         std::fs::write(&file, "http_lisen = \"x\"\n").unwrap();
         let e = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("http_lisen"), "{e}");
+    }
+
+    /// Runtime threads: the flag, else the variable, else the file; none means one per core; zero is
+    /// refused by name.
+    #[test]
+    fn worker_threads_come_from_flag_variable_or_file() {
+        let c = Config::resolve(ServeArgs::default(), env_of(&[])).unwrap();
+        assert_eq!(c.worker_threads, None);
+        let c = Config::resolve(ServeArgs::default(), env_of(&[("TWINHUB_WORKER_THREADS", "3")])).unwrap();
+        assert_eq!(c.worker_threads, Some(3));
+        let args = ServeArgs { worker_threads: Some(1), ..Default::default() };
+        assert_eq!(Config::resolve(args, env_of(&[("TWINHUB_WORKER_THREADS", "3")])).unwrap().worker_threads, Some(1));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "worker_threads = 2\n").unwrap();
+        let c = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap();
+        assert_eq!(c.worker_threads, Some(2));
+        let e = Config::resolve(ServeArgs { worker_threads: Some(0), ..Default::default() }, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("worker-threads"), "{e}");
     }
 
     #[test]

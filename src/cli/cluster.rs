@@ -98,6 +98,9 @@ pub struct UpArgs {
     /// Raft heartbeat of every node in milliseconds (elections time out after 3 to 6 heartbeats)
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
+    /// Runtime threads of every node [default: the node's, one per CPU core]
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -127,6 +130,9 @@ pub struct ClusterFile {
     /// Raft heartbeat the nodes were configured with (`None`: the node default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raft_heartbeat_ms: Option<u64>,
+    /// Runtime threads the nodes were configured with (`None`: the node default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<usize>,
     pub nodes: Vec<NodeEntry>,
 }
 
@@ -267,6 +273,7 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
         bin: bin.clone(),
         removed: Vec::new(),
         raft_heartbeat_ms: a.raft_heartbeat_ms,
+        worker_threads: a.worker_threads,
     };
     for (i, id) in ids.iter().enumerate() {
         let entry = prepare_node(&dir, &file, *id, &ports[i * 5..i * 5 + 5], &peers, None, &policies_json)?;
@@ -343,7 +350,7 @@ fn prepare_node(
          events_listen = \"{events}\"\n\
          shard_count = {shards}\n\
          tls_cert = {cert:?}\n\
-         tls_key = {key:?}\n{cluster}",
+         tls_key = {key:?}\n{threads}{cluster}",
         data = data_dir.display().to_string(),
         hostname = file.hostname,
         http = entry.http,
@@ -353,6 +360,7 @@ fn prepare_node(
         shards = file.shard_count,
         cert = file.cert.display().to_string(),
         key = file.key.display().to_string(),
+        threads = file.worker_threads.map(|n| format!("worker_threads = {n}\n")).unwrap_or_default(),
         cluster = if peers.len() > 1 || join.is_some() {
             let join = join.map(|j| format!("join = \"{j}\"\n")).unwrap_or_default();
             let hb = file.raft_heartbeat_ms.map(|h| format!("raft_heartbeat_ms = {h}\n")).unwrap_or_default();

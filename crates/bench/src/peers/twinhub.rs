@@ -23,6 +23,17 @@ pub fn default_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     twinhub::cli::companion_binary("twinhub").context("no twinhub binary: pass --bin PATH or set TWINHUB_BIN")
 }
 
+/// Runtime threads per node when `nodes` nodes share this machine: `$TWINHUB_BENCH_NODE_WORKER_THREADS`
+/// if set (0: the node's own default, one per core), else the node's share of the cores (at least
+/// one). The peers' members are left to size themselves (Go: a thread per core each).
+pub fn node_worker_threads(nodes: usize) -> Option<usize> {
+    if let Some(v) = std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()) {
+        return (v > 0).then_some(v);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some((cores / nodes.max(1)).max(1))
+}
+
 pub struct TwinhubCluster {
     pub bin: PathBuf,
     pub dir: TempDir,
@@ -33,17 +44,24 @@ pub struct TwinhubCluster {
 }
 
 impl TwinhubCluster {
-    /// `twinhub cluster up --nodes N --dir DIR --shard-count S`.
+    /// `twinhub cluster up --nodes N --dir DIR --shard-count S --worker-threads T`, where T is each
+    /// node's share of this machine's cores ([`node_worker_threads`]).
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
         let dir = TempDir::new("twinhub-bench-twinhub")?;
         let version = procs::first_line(bin, &["--version"]);
+        let threads = node_worker_threads(nodes);
+        let threads_args: Vec<String> =
+            threads.map(|t| vec!["--worker-threads".to_string(), t.to_string()]).unwrap_or_default();
         eprintln!(
-            "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} --dir {}",
+            "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} {}--dir {}",
             bin.display(),
+            threads_args.iter().map(|a| format!("{a} ")).collect::<String>(),
             dir.path.display()
         );
         let out = Command::new(bin)
-            .args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string(), "--dir"])
+            .args(["cluster", "up", "--nodes", &nodes.to_string(), "--shard-count", &shards.to_string()])
+            .args(&threads_args)
+            .arg("--dir")
             .arg(&dir.path)
             .env("RUST_LOG", std::env::var("TWINHUB_BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
