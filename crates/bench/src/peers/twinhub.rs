@@ -23,15 +23,11 @@ pub fn default_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     twinhub::cli::companion_binary("twinhub").context("no twinhub binary: pass --bin PATH or set TWINHUB_BIN")
 }
 
-/// Runtime threads per node when `nodes` nodes share this machine: `$TWINHUB_BENCH_NODE_WORKER_THREADS`
-/// if set (0: the node's own default, one per core), else the node's share of the cores (at least
-/// one). The peers' members are left to size themselves (Go: a thread per core each).
-pub fn node_worker_threads(nodes: usize) -> Option<usize> {
-    if let Some(v) = std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()) {
-        return (v > 0).then_some(v);
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    Some((cores / nodes.max(1)).max(1))
+/// Runtime threads per node: `$TWINHUB_BENCH_NODE_WORKER_THREADS` if set to a positive number, else
+/// the node's own default (one per core). Measured both ways on a 2-core machine with 3 nodes
+/// (benches/README.md, "Runtime threads"): one thread per node was no faster, so the default stays.
+pub fn node_worker_threads(_nodes: usize) -> Option<usize> {
+    std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0)
 }
 
 pub struct TwinhubCluster {
@@ -44,8 +40,8 @@ pub struct TwinhubCluster {
 }
 
 impl TwinhubCluster {
-    /// `twinhub cluster up --nodes N --dir DIR --shard-count S --worker-threads T`, where T is each
-    /// node's share of this machine's cores ([`node_worker_threads`]).
+    /// `twinhub cluster up --nodes N --dir DIR --shard-count S [--worker-threads T]`
+    /// ([`node_worker_threads`]).
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
         let dir = TempDir::new("twinhub-bench-twinhub")?;
         let version = procs::first_line(bin, &["--version"]);
