@@ -73,8 +73,8 @@ pub struct ServeArgs {
     /// writes by the replication delay; linearizable reads are the default)
     #[arg(long)]
     pub follower_reads: bool,
-    /// Threads running the node's tasks [default: one per CPU core]. Nodes sharing a machine should
-    /// split its cores between them: fewer threads than busy tasks means fewer thread hand-offs
+    /// Threads running the node's tasks [default: one per CPU core]. Several nodes sharing a machine
+    /// can split its cores between them
     #[arg(long)]
     pub worker_threads: Option<usize>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can

@@ -5,7 +5,6 @@ pub mod admin;
 pub mod backup;
 pub mod cluster;
 mod companion;
-
 mod https;
 pub mod remote;
 

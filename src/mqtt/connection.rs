@@ -570,11 +570,11 @@ impl Connection {
         self.ops.push_back(Box::pin(async move {
             let cmd =
                 Command { request_id, timestamp_ms: now_ms(), op: Op::UpdateReported { id: id.clone(), patch_json } };
-            let version = twins
-                .write(&id, cmd)
-                .await
-                .map_err(RequestError::from)
-                .and_then(|applied| Ok(applied.result.map_err(RequestError::from)?.into_reported_version()?));
+            let version = async {
+                let reply = twins.write(&id, cmd).await?.result?;
+                Ok::<_, RequestError>(reply.into_reported_version()?)
+            }
+            .await;
             let mut done = match version {
                 Ok(version) => Done::answer(
                     kind,

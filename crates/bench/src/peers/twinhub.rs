@@ -26,7 +26,7 @@ pub fn default_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Runtime threads per node: `$TWINHUB_BENCH_NODE_WORKER_THREADS` if set to a positive number, else
 /// the node's own default (one per core). Measured both ways on a 2-core machine with 3 nodes
 /// (benches/README.md, "Runtime threads"): one thread per node was no faster, so the default stays.
-pub fn node_worker_threads(_nodes: usize) -> Option<usize> {
+pub fn node_worker_threads() -> Option<usize> {
     std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0)
 }
 
@@ -45,9 +45,8 @@ impl TwinhubCluster {
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
         let dir = TempDir::new("twinhub-bench-twinhub")?;
         let version = procs::first_line(bin, &["--version"]);
-        let threads = node_worker_threads(nodes);
         let threads_args: Vec<String> =
-            threads.map(|t| vec!["--worker-threads".to_string(), t.to_string()]).unwrap_or_default();
+            node_worker_threads().map(|t| vec!["--worker-threads".to_string(), t.to_string()]).unwrap_or_default();
         eprintln!(
             "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} {}--dir {}",
             bin.display(),
