@@ -6,7 +6,7 @@
 //! acknowledged write is back and `$version` continues.
 
 use std::io;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard, TryLockError};
 
 use futures::{Stream, StreamExt};
 use openraft::entry::RaftEntry;
@@ -47,6 +47,23 @@ fn reply_done() -> Applied {
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// The applied state for writing. Readers that scan a whole shard (queries, snapshots) hold the read
+/// lock on the blocking pool for a while; waiting for them on an async worker would stall every task
+/// queued behind it, so a contended wait hands the worker's other tasks over first.
+fn write_lock(shared: &SharedState) -> RwLockWriteGuard<'_, AppliedState> {
+    match shared.try_write() {
+        Ok(guard) => guard,
+        Err(TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(TryLockError::WouldBlock) => {
+            let wait = || shared.write().unwrap_or_else(|e| e.into_inner());
+            match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+                _ => wait(),
+            }
+        }
+    }
 }
 
 impl StateMachine {
@@ -127,11 +144,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        let (meta, data) = {
-            let a = self.shared.read().unwrap_or_else(|e| e.into_inner());
+        // Encoding a large shard takes long: on the blocking pool, not on an async worker that Raft
+        // heartbeats are queued behind.
+        let shared = Arc::clone(&self.shared);
+        let (meta, data) = tokio::task::spawn_blocking(move || {
+            let a = shared.read().unwrap_or_else(|e| e.into_inner());
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
             (meta, a.state.encode_snapshot())
-        };
+        })
+        .await
+        .map_err(io::Error::other)?;
         persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, &data).await?;
         Ok(Snapshot { meta, snapshot: data })
     }
@@ -154,7 +176,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let (entry, responder) = item?;
             let log_id = entry.log_id();
             let outcome = {
-                let mut a = self.shared.write().unwrap_or_else(|e| e.into_inner());
+                let mut a = write_lock(&self.shared);
                 a.last_applied = Some(log_id);
                 match &entry.payload {
                     EntryPayload::Blank => reply_done(),
@@ -183,9 +205,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
-        let state = ShardState::decode_snapshot(&snapshot).map_err(invalid)?;
+        let (state, snapshot) = tokio::task::spawn_blocking(move || (ShardState::decode_snapshot(&snapshot), snapshot))
+            .await
+            .map_err(io::Error::other)?;
+        let state = state.map_err(invalid)?;
         persist_snapshot(self.shard, &self.store, &self.snapshot, meta, &snapshot).await?;
-        let mut a = self.shared.write().unwrap_or_else(|e| e.into_inner());
+        let mut a = write_lock(&self.shared);
         a.state = state;
         a.last_applied = meta.last_log_id;
         a.membership = meta.last_membership.clone();

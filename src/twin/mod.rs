@@ -7,6 +7,7 @@
 mod actor;
 mod meta;
 pub mod read;
+mod view;
 mod registry;
 mod scan;
 
@@ -86,7 +87,10 @@ impl Twins {
                     // Answered only from a local replica (never forwarded again): the caller walks
                     // the shard's replicas itself.
                     let r = match shards.local(shard) {
-                        Some(s) => s.linearize().await.map(|()| s.read_local(|st| op.run(st))),
+                        Some(s) => match s.linearize().await {
+                            Ok(()) => read::run_local(&s, op).await,
+                            Err(e) => Err(e),
+                        },
                         None => Err(ShardError::NotLeader { shard, leader: None }),
                     };
                     serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
@@ -142,13 +146,20 @@ impl Twins {
     pub async fn read_shard(&self, shard: ShardId, op: ReadOp) -> Result<ReadOut, ShardError> {
         let Some(t) = &self.transport else {
             let Some(s) = self.shards.local(shard) else { return Err(ShardError::NotLeader { shard, leader: None }) };
-            return s.read(|st| op.run(st)).await;
+            s.linearize().await?;
+            return read::run_local(&s, op).await;
         };
         let mut retry = Retry::new();
         loop {
             let (target, r) = match self.shards.local(shard) {
-                Some(s) if self.follower_reads => return Ok(s.read_local(|st| op.run(st))),
-                Some(s) => (Some(t.node_id()), s.linearize().await.map(|()| s.read_local(|st| op.run(st)))),
+                Some(s) if self.follower_reads => return read::run_local(&s, op).await,
+                Some(s) => {
+                    let r = match s.linearize().await {
+                        Ok(()) => read::run_local(&s, op.clone()).await,
+                        Err(e) => Err(e),
+                    };
+                    (Some(t.node_id()), r)
+                }
                 None => {
                     let target = retry.pick(&self.shards.route(shard));
                     let r = match target {

@@ -73,6 +73,12 @@ impl Node {
         self.members().iter().find(|(k, _)| &**k == key).map(|(_, n)| n)
     }
 
+    /// Member `key` as the query language finds it: the exact name, else the first name equal to it
+    /// ignoring ASCII case.
+    pub fn find_member(&self, key: &str) -> Option<&Node> {
+        self.child(key).or_else(|| self.members().iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, n)| n))
+    }
+
     /// Recursive merge of an object patch: `null` removes a key, objects merge into objects, anything
     /// else replaces. Every object the patch names is stamped, so removals show in `$lastUpdated`.
     pub fn merge(&mut self, patch: &Map<String, Value>, at: i64, version: i64) {

@@ -27,9 +27,10 @@ pub mod validate;
 mod tests;
 
 pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
+pub use doc::{Node, NodeValue};
 pub use error::TwinError;
 pub use json_text::JsonText;
-pub use registry::edge_scope_device;
+pub use registry::{edge_scope_device, TwinDoc, TwinRef};
 pub use reply::UnexpectedReply;
 
 use serde::{Deserialize, Serialize};
@@ -265,15 +266,17 @@ impl ShardState {
         Ok(dev.modules.iter().map(|(mid, m)| m.render(device_id, mid)).collect())
     }
 
-    /// Twin documents in (deviceId, moduleId) order, strictly after the key `after` (`[]`,
-    /// `[deviceId]` or `[deviceId, moduleId]`): device twins, or module twins. Rendered one at a time,
-    /// so a query that stops early never renders the rest of the shard.
-    pub fn twins_after<'a>(&'a self, modules: bool, after: &'a [String]) -> Box<dyn Iterator<Item = Value> + 'a> {
+    /// Twins in (deviceId, moduleId) order, strictly after the key `after` (`[]`, `[deviceId]` or
+    /// `[deviceId, moduleId]`): device twins, or module twins. Not rendered: a query renders each one
+    /// only as far as it needs, and one that stops early never touches the rest of the shard.
+    pub fn twins_after<'a>(&'a self, modules: bool, after: &'a [String]) -> Box<dyn Iterator<Item = TwinRef<'a>> + 'a> {
         let first = after.first().map(String::as_str);
         if !modules {
             let start = first.map_or(Bound::Unbounded, Bound::Excluded);
             return Box::new(
-                self.devices.range::<str, _>((start, Bound::Unbounded)).map(|(id, d)| d.render_twin(id, None)),
+                self.devices
+                    .range::<str, _>((start, Bound::Unbounded))
+                    .map(|(id, d)| TwinRef { device_id: id, device: d, module: None }),
             );
         }
         let start = first.map_or(Bound::Unbounded, Bound::Included);
@@ -284,7 +287,7 @@ impl ShardState {
             d.modules
                 .iter()
                 .filter(move |(mid, _)| !same_device_without_module && skip_to.is_none_or(|s| mid.as_str() > s))
-                .map(move |(mid, m)| d.render_twin(id, Some((mid, m))))
+                .map(move |(mid, m)| TwinRef { device_id: id, device: d, module: Some((mid.as_str(), m)) })
         }))
     }
 

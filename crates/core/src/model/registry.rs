@@ -174,6 +174,18 @@ impl DeviceEntry {
 
     /// The service view of the device twin (or of one of its modules' twins).
     pub fn render_twin(&self, device_id: &str, module: Option<(&str, &ModuleEntry)>) -> Value {
+        self.render_twin_members(device_id, module, &|_| true)
+    }
+
+    /// [`DeviceEntry::render_twin`] with only the top-level members `want` accepts (plus the ids,
+    /// which every row is keyed by): a query renders what its WHERE clause reads to test a twin, and
+    /// the whole twin only if it matches.
+    pub fn render_twin_members(
+        &self,
+        device_id: &str,
+        module: Option<(&str, &ModuleEntry)>,
+        want: &dyn Fn(&str) -> bool,
+    ) -> Value {
         let (identity, twin) = match module {
             Some((_, m)) => (&m.identity, &m.twin),
             None => (&self.identity, &self.twin),
@@ -183,39 +195,71 @@ impl DeviceEntry {
         if let Some((mid, _)) = module {
             v.insert("moduleId".into(), json!(mid));
         }
-        v.insert("etag".into(), json!(etag_text(twin.etag)));
-        v.insert("deviceEtag".into(), json!(etag_text(identity.etag)));
-        v.insert("status".into(), json!(status_text(self.status)));
-        v.insert("statusReason".into(), json!(self.status_reason));
-        v.insert("statusUpdateTime".into(), json!(format_ms(self.status_updated)));
-        v.insert("connectionState".into(), json!(identity.connection_state()));
-        v.insert("lastActivityTime".into(), json!(format_ms(identity.last_activity)));
-        v.insert("cloudToDeviceMessageCount".into(), json!(0));
-        v.insert("authenticationType".into(), json!(identity.auth.auth_type));
-        v.insert(
-            "x509Thumbprint".into(),
+        let mut put = |name: &str, value: &dyn Fn() -> Value| {
+            if want(name) {
+                v.insert(name.into(), value());
+            }
+        };
+        put("etag", &|| json!(etag_text(twin.etag)));
+        put("deviceEtag", &|| json!(etag_text(identity.etag)));
+        put("status", &|| json!(status_text(self.status)));
+        put("statusReason", &|| json!(self.status_reason));
+        put("statusUpdateTime", &|| json!(format_ms(self.status_updated)));
+        put("connectionState", &|| json!(identity.connection_state()));
+        put("lastActivityTime", &|| json!(format_ms(identity.last_activity)));
+        put("cloudToDeviceMessageCount", &|| json!(0));
+        put("authenticationType", &|| json!(identity.auth.auth_type));
+        put("x509Thumbprint", &|| {
             json!({
                 "primaryThumbprint": identity.auth.primary_thumbprint,
                 "secondaryThumbprint": identity.auth.secondary_thumbprint,
-            }),
-        );
-        v.insert("modelId".into(), json!(""));
-        v.insert("version".into(), json!(twin.version));
+            })
+        });
+        put("modelId", &|| json!(""));
+        put("version", &|| json!(twin.version));
         if module.is_none() {
-            v.insert("capabilities".into(), json!({"iotEdge": self.iot_edge}));
+            put("capabilities", &|| json!({"iotEdge": self.iot_edge}));
             if let Some(s) = &self.scopes.device_scope {
-                v.insert("deviceScope".into(), json!(s));
+                put("deviceScope", &|| json!(s));
             }
             if !self.scopes.parent_scopes.is_empty() {
-                v.insert("parentScopes".into(), json!(self.scopes.parent_scopes));
+                put("parentScopes", &|| json!(self.scopes.parent_scopes));
             }
         }
         if !twin.configurations.is_empty() {
-            v.insert("configurations".into(), super::config::render_marks(&twin.configurations));
+            put("configurations", &|| super::config::render_marks(&twin.configurations));
         }
-        v.insert("tags".into(), Value::Object(twin.tags.to_map()));
-        v.insert("properties".into(), twin.properties());
+        put("tags", &|| Value::Object(twin.tags.to_map()));
+        put("properties", &|| twin.properties());
         Value::Object(v)
+    }
+}
+
+/// A device or module twin as a shard holds it, not yet rendered as a document.
+#[derive(Clone, Copy, Debug)]
+pub struct TwinRef<'a> {
+    pub device_id: &'a str,
+    pub device: &'a DeviceEntry,
+    pub module: Option<(&'a str, &'a ModuleEntry)>,
+}
+
+impl<'a> TwinRef<'a> {
+    /// The twin's own state (the module's, for a module twin).
+    pub fn twin(&self) -> &'a TwinDoc {
+        match self.module {
+            Some((_, m)) => &m.twin,
+            None => &self.device.twin,
+        }
+    }
+
+    /// The whole twin document.
+    pub fn render(&self) -> Value {
+        self.device.render_twin(self.device_id, self.module)
+    }
+
+    /// The ids and the top-level members `want` accepts.
+    pub fn render_members(&self, want: &dyn Fn(&str) -> bool) -> Value {
+        self.device.render_twin_members(self.device_id, self.module, want)
     }
 }
 

@@ -27,7 +27,7 @@ use serde_json::{Map, Value};
 
 use super::ast::{AggFunc, Expr, ExprKind, Seg, SelectItem};
 use super::error::{MergeError, QueryError};
-use super::eval::{compare, eval, truthy, Env};
+use super::eval::{compare, eval, truthy, Document, Env};
 use super::num::{self, canonical, Num};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -362,6 +362,11 @@ impl Partial {
     /// Offers one document of the query's collection. Applies the WHERE clause itself (so callers
     /// simply feed every document) and returns whether the document was counted.
     pub fn add(&mut self, doc: &Value) -> bool {
+        self.add_doc(doc)
+    }
+
+    /// [`Partial::add`] for any [`Document`].
+    pub fn add_doc(&mut self, doc: &dyn Document) -> bool {
         let env = Env::doc(doc);
         if let Some(f) = &self.plan.filter {
             if !truthy(f, env) {

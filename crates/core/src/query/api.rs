@@ -7,7 +7,8 @@ use serde_json::{Map, Value};
 use super::aggregate::{self, AggPlan, Partial};
 use super::ast::{Collection, Expr, ExprKind, OutName, Select, SelectItem};
 use super::error::{CursorError, QueryError};
-use super::eval::{eval, lookup, truthy, Env};
+use super::eval::{eval, lookup, truthy, Document, Env};
+use super::fields::Fields;
 use super::page::{self, Cursor, Page, RowKey};
 use super::parser;
 
@@ -119,6 +120,11 @@ impl Query {
 
     /// Whether `doc` passes the WHERE clause (always true without one).
     pub fn matches(&self, doc: &Value) -> bool {
+        self.matches_doc(doc)
+    }
+
+    /// [`Query::matches`] for any [`Document`]: a shard tests its twins without rendering them.
+    pub fn matches_doc(&self, doc: &dyn Document) -> bool {
         self.inner.filter.as_ref().is_none_or(|f| truthy(f, Env::doc(doc)))
     }
 
@@ -150,6 +156,23 @@ impl Query {
             row.insert(name, value);
         }
         Some(Value::Object(row))
+    }
+
+    /// The top-level members [`Query::project`] reads: a shard renders only these (and the ids) of a
+    /// matching twin to answer it. Every member for `SELECT *`; none for aggregates, which read their
+    /// documents through [`Partial::add_doc`].
+    pub fn fields_to_project(&self) -> Fields {
+        let mut f = Fields::none();
+        match (&self.inner.plan, &self.inner.select) {
+            (Some(_), _) => {}
+            (None, Select::Star) => return Fields::All,
+            (None, Select::Items(items)) => {
+                for item in items {
+                    f.add_expr(&item.expr);
+                }
+            }
+        }
+        f
     }
 
     /// A fresh aggregation for this query; `None` if the query is not an aggregate one.

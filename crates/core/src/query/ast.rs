@@ -35,8 +35,9 @@ pub(crate) struct Expr {
     pub pos: usize,
 }
 
+/// One step of a property path.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Seg {
+pub enum Seg {
     Key(String),
     Index(usize),
 }

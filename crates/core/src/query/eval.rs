@@ -24,17 +24,37 @@ use super::num::{self, Num};
 /// A value or `undefined` (`None`); borrowed from the document or the query where possible.
 pub(crate) type Val<'a> = Option<Cow<'a, Value>>;
 
+/// A document a query reads: one JSON value, or anything that can answer path lookups without being
+/// rendered as one (a shard's twins in their own form, see `Query::matches_doc`). Lookups follow
+/// [`lookup`]'s rules: members by exact name, else ASCII case-insensitively; array elements by index.
+pub trait Document {
+    /// The value at `path`, `None` if a step is missing or of the wrong type.
+    fn get(&self, path: &[Seg]) -> Option<Cow<'_, Value>>;
+    /// The whole document (a query that names the document itself, such as `IS_OBJECT(d)`).
+    fn whole(&self) -> Cow<'_, Value>;
+}
+
+impl Document for Value {
+    fn get(&self, path: &[Seg]) -> Option<Cow<'_, Value>> {
+        lookup(self, path).map(|(v, _)| Cow::Borrowed(v))
+    }
+
+    fn whole(&self) -> Cow<'_, Value> {
+        Cow::Borrowed(self)
+    }
+}
+
 /// What an expression can see: the document (absent when evaluating aggregate output rows), and for
 /// aggregate rows the group's key values and finished aggregate values.
 #[derive(Clone, Copy)]
 pub(crate) struct Env<'a> {
-    pub doc: Option<&'a Value>,
+    pub doc: Option<&'a dyn Document>,
     pub keys: &'a [Option<Value>],
     pub aggs: &'a [Option<Value>],
 }
 
 impl<'a> Env<'a> {
-    pub fn doc(doc: &'a Value) -> Env<'a> {
+    pub fn doc(doc: &'a dyn Document) -> Env<'a> {
         Env { doc: Some(doc), keys: &[], aggs: &[] }
     }
 }
@@ -47,7 +67,7 @@ pub(crate) fn member<'a>(m: &'a Map<String, Value>, key: &str) -> Option<(&'a St
 
 /// Follows a path; `None` if any step is missing or of the wrong type. Also returns the document's
 /// spelling of the last key.
-pub(crate) fn lookup<'a>(doc: &'a Value, segs: &[Seg]) -> Option<(&'a Value, Option<&'a str>)> {
+pub fn lookup<'a>(doc: &'a Value, segs: &[Seg]) -> Option<(&'a Value, Option<&'a str>)> {
     let mut cur = doc;
     let mut last = None;
     for s in segs {
@@ -110,8 +130,8 @@ pub(crate) fn eval<'a>(e: &'a Expr, env: Env<'a>) -> Val<'a> {
     match &e.kind {
         ExprKind::Const(v) => Some(Cow::Borrowed(v)),
         ExprKind::Undefined => None,
-        ExprKind::Path(segs) => lookup(env.doc?, segs).map(|(v, _)| Cow::Borrowed(v)),
-        ExprKind::Root => env.doc.map(Cow::Borrowed),
+        ExprKind::Path(segs) => env.doc?.get(segs),
+        ExprKind::Root => env.doc.map(Document::whole),
         ExprKind::Array(items) => array(items, env),
         ExprKind::Object(members) => object(members, env),
         ExprKind::Unary(op, inner) => unary(*op, eval(inner, env)),

@@ -63,6 +63,7 @@ mod api;
 mod ast;
 mod error;
 mod eval;
+mod fields;
 mod functions;
 mod lexer;
 mod num;
@@ -71,7 +72,9 @@ mod parser;
 
 pub use aggregate::{Partial, PartialState};
 pub use api::{parse, parse_condition, Condition, Query};
-pub use ast::Collection;
+pub use ast::{Collection, Seg};
+pub use eval::{lookup, Document};
+pub use fields::Fields;
 pub use error::{CursorError, MergeError, QueryError, MAX_NESTING, MAX_QUERY_CHARS};
 pub use lexer::quote;
 pub use page::{fingerprint, merge_page, page_limit, row_key, select_rows, Cursor, Page, RowKey};
