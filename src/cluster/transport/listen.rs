@@ -86,6 +86,13 @@ fn builder(config: &TransportConfig) -> hyper::server::conn::http2::Builder<Toki
         .initial_connection_window_size(config.h2_connection_window)
         .max_frame_size(config.h2_max_frame)
         .max_concurrent_streams(config.h2_max_concurrent_streams)
+        // h2 closes the whole connection (GOAWAY "too_many_resets") once a peer has reset more than
+        // 20 streams the server had not yet picked up: its guard against rapid-reset floods. Between
+        // members that is normal under load: a heartbeat that waits past its 75 ms deadline is
+        // cancelled, and on a saturated node dozens are at once. Losing the connection then fails
+        // every group's heartbeats together and elections follow. Only cluster members get this far
+        // (mutual TLS), and they may hold at most `h2_max_concurrent_streams` streams anyway.
+        .max_pending_accept_reset_streams(config.h2_max_concurrent_streams as usize)
         .max_header_list_size(config.h2_max_header_list)
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive);
