@@ -119,6 +119,8 @@ pub struct Shards {
     transfers: Mutex<backoff::TransferBackoff>,
     /// Serializes opening and closing groups.
     open_lock: tokio::sync::Mutex<()>,
+    /// Snapshots decoded ahead of their groups' opening (see [`Shards::preload`]).
+    preloaded: Mutex<HashMap<ShardId, state_machine::Loaded>>,
 }
 
 impl Shards {
@@ -163,9 +165,11 @@ impl Shards {
             changing: Default::default(),
             transfers: Default::default(),
             open_lock: Default::default(),
+            preloaded: Default::default(),
             config,
         };
         if !clustered {
+            shards.preload(&(0..shards.shard_count).collect::<Vec<_>>()).await;
             for id in 0..shards.shard_count {
                 let shard = shards.open_group(id, Some(BTreeMap::from([(shards.node_id, Node::default())]))).await?;
                 // Leader, then a read index: the state machine has re-applied everything committed.
@@ -194,6 +198,7 @@ impl Shards {
         let shards = Arc::new(shards);
         // Shards the map (as far as this replica applied it) places here.
         let map = shards.map();
+        shards.preload(&map.shards_of(shards.node_id)).await;
         for id in map.shards_of(shards.node_id) {
             shards.ensure_group(id, &map).await?;
         }
@@ -201,6 +206,30 @@ impl Shards {
             register_calls(t, &shards);
         }
         Ok(shards)
+    }
+
+    /// Decodes the snapshots of `ids` in parallel, one per core, for the groups about to open: a node
+    /// restarting with a million twins spends its start decoding them, and one core at a time would
+    /// leave the others idle. A snapshot that fails to load is left for its group's opening to report.
+    async fn preload(&self, ids: &[ShardId]) {
+        use futures::StreamExt;
+        let width = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let started = std::time::Instant::now();
+        let loads = futures::stream::iter(ids.iter().copied())
+            .map(|id| {
+                let store = self.store.clone();
+                tokio::task::spawn_blocking(move || (id, state_machine::Loaded::read(id, &store)))
+            })
+            .buffer_unordered(width)
+            .collect::<Vec<_>>()
+            .await;
+        let mut preloaded = self.preloaded.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, loaded) in loads.into_iter().flatten() {
+            if let Ok(l) = loaded {
+                preloaded.insert(id, l);
+            }
+        }
+        tracing::info!(shards = preloaded.len(), ms = started.elapsed().as_millis() as u64, "snapshots decoded");
     }
 
     /// Opens one group (idempotent). `init`: the voters to initialize it with if it is pristine.
@@ -225,7 +254,18 @@ impl Shards {
             }
             _ => None,
         };
-        let sm = StateMachine::open(id, self.store.clone(), sink).map_err(|e| storage_error(id, e))?;
+        let preloaded = self.preloaded.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        let loaded = match preloaded {
+            Some(l) => l,
+            None => {
+                let store = self.store.clone();
+                tokio::task::spawn_blocking(move || state_machine::Loaded::read(id, &store))
+                    .await
+                    .map_err(|e| ShardError::Fatal { shard: id, msg: format!("loading the snapshot: {e}") })?
+                    .map_err(|e| storage_error(id, e))?
+            }
+        };
+        let sm = StateMachine::from_loaded(id, self.store.clone(), loaded, sink);
         let state = sm.shared();
         let log = LogStore::new(id, self.store.clone());
         let network = NetworkFactory::new(self.router.clone(), id);

@@ -29,6 +29,28 @@ pub struct AppliedState {
 
 pub type SharedState = Arc<RwLock<AppliedState>>;
 
+/// A shard's latest durable snapshot, decoded: the slow part of opening a group, which a restarting
+/// node does for all its shards at once on the blocking pool.
+pub struct Loaded {
+    applied: AppliedState,
+    meta: Option<SnapshotMeta>,
+}
+
+impl Loaded {
+    /// Reads and decodes the snapshot of `shard` (an empty state if it has none).
+    pub fn read(shard: ShardId, store: &Store) -> io::Result<Loaded> {
+        let mut applied = AppliedState::default();
+        let mut meta = None;
+        if let Some((m, data)) = store.snapshot(shard)? {
+            applied.state = ShardState::decode_snapshot(&data).map_err(invalid)?;
+            applied.last_applied = m.last_log_id;
+            applied.membership = m.last_membership.clone();
+            meta = Some(m);
+        }
+        Ok(Loaded { applied, meta })
+    }
+}
+
 pub struct StateMachine {
     shard: ShardId,
     store: Arc<Store>,
@@ -69,22 +91,19 @@ fn write_lock(shared: &SharedState) -> RwLockWriteGuard<'_, AppliedState> {
 impl StateMachine {
     /// Opens the shard's state machine from its latest durable snapshot, if any.
     pub fn open(shard: ShardId, store: Arc<Store>, events: Option<GroupSink>) -> io::Result<StateMachine> {
-        let stored = store.snapshot(shard)?;
-        let mut applied = AppliedState::default();
-        let mut meta = None;
-        if let Some((m, data)) = stored {
-            applied.state = ShardState::decode_snapshot(&data).map_err(invalid)?;
-            applied.last_applied = m.last_log_id;
-            applied.membership = m.last_membership.clone();
-            meta = Some(m);
-        }
-        Ok(StateMachine {
+        let loaded = Loaded::read(shard, &store)?;
+        Ok(StateMachine::from_loaded(shard, store, loaded, events))
+    }
+
+    /// The state machine over a snapshot already decoded by [`Loaded::read`].
+    pub fn from_loaded(shard: ShardId, store: Arc<Store>, loaded: Loaded, events: Option<GroupSink>) -> StateMachine {
+        StateMachine {
             shard,
             store,
-            shared: Arc::new(RwLock::new(applied)),
-            snapshot: Arc::new(Mutex::new(meta)),
+            shared: Arc::new(RwLock::new(loaded.applied)),
+            snapshot: Arc::new(Mutex::new(loaded.meta)),
             events,
-        })
+        }
     }
 
     pub fn shared(&self) -> SharedState {
