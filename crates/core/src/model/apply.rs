@@ -81,7 +81,7 @@ impl ShardState {
                     return Ok(Reply::Done);
                 }
                 let mut changed = Vec::new();
-                let r = self.update_twin(&TwinId::device(device_id.clone()), patch_json, None, at, &mut changed);
+                let r = self.patch_twin(&TwinId::device(device_id.clone()), patch_json, None, at, &mut changed);
                 let row = super::jobs::DeviceJobRow {
                     job_type: job_type.clone(),
                     succeeded: r.is_ok(),
@@ -375,7 +375,7 @@ impl ShardState {
             apply.filter(|(cfg, _)| twin.configurations.get(cfg).map(String::as_str) != Some(super::config::APPLIED));
         if let Some((_, patch)) = newly {
             let body = format!(r#"{{"properties":{{"desired":{patch}}}}}"#);
-            self.update_twin(&id, &body, None, at, events)?;
+            self.patch_twin(&id, &body, None, at, events)?;
         }
         self.twin_doc_mut(&id)?.configurations = marks.clone();
         Ok(Reply::Done)
@@ -389,6 +389,21 @@ impl ShardState {
         at: i64,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        self.patch_twin(id, json, if_match, at, events)?;
+        Ok(Reply::Twin(JsonText::render(&self.twin(id)?)))
+    }
+
+    /// [`ShardState::update_twin`] without rendering the twin it answers: a bulk registry entry
+    /// answers only its error, and rendering each twin was most of a bulk call's apply (and of a
+    /// restart's replay of it).
+    pub(super) fn patch_twin(
+        &mut self,
+        id: &TwinId,
+        json: &str,
+        if_match: Option<&IfMatch>,
+        at: i64,
+        events: &mut Vec<Event>,
+    ) -> Result<(), TwinError> {
         let body = parse_json(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;
@@ -396,7 +411,7 @@ impl ShardState {
         let tags_patch = effective_patch(sb.tags, &cur.tags);
         let desired_patch = effective_patch(sb.desired, &cur.desired);
         if tags_patch.is_none() && desired_patch.is_none() {
-            return Ok(Reply::Twin(JsonText::render(&self.twin(id)?)));
+            return Ok(());
         }
         let version = cur.version + 1;
         let desired_version = cur.desired_version + i64::from(desired_patch.is_some());
@@ -455,7 +470,7 @@ impl ShardState {
                 desired_version,
             });
         }
-        Ok(Reply::Twin(JsonText::render(&self.twin(id)?)))
+        Ok(())
     }
 
     fn replace_twin(

@@ -132,7 +132,7 @@ impl ShardState {
                     Identity::Module(m) => self.put_module(cmd, m, if_match.as_ref(), events)?,
                 };
                 if let Some(p) = patch {
-                    self.update_twin(&e.id, &p, None, cmd.timestamp_ms, events)?;
+                    self.patch_twin(&e.id, &p, None, cmd.timestamp_ms, events)?;
                 }
                 Ok(())
             }
@@ -153,12 +153,12 @@ impl ShardState {
                     _ => Some(etag_match(&e.twin_etag, "twinETag")?),
                 };
                 if let Some(p) = self.sections_patch(Some(&e.id), e)? {
-                    self.update_twin(&e.id, &p, if_match.as_ref(), cmd.timestamp_ms, events)?;
+                    self.patch_twin(&e.id, &p, if_match.as_ref(), cmd.timestamp_ms, events)?;
                 } else {
                     // Nothing to write, but the twin must exist and the etag must hold.
                     self.twin_doc(&e.id)?;
                     if let Some(m) = if_match {
-                        self.update_twin(&e.id, "{}", Some(&m), cmd.timestamp_ms, events)?;
+                        self.patch_twin(&e.id, "{}", Some(&m), cmd.timestamp_ms, events)?;
                     }
                 }
                 Ok(())
