@@ -117,8 +117,8 @@ pub struct Shards {
     changing: Mutex<HashSet<ShardId>>,
     /// Leadership transfers tried per shard, backed off so the balancer never fights itself.
     transfers: Mutex<backoff::TransferBackoff>,
-    /// Serializes opening and closing groups.
-    open_lock: tokio::sync::Mutex<()>,
+    /// Serialize opening and closing a group: one lock per group, so different groups open side by side.
+    open_locks: Mutex<HashMap<ShardId, Arc<tokio::sync::Mutex<()>>>>,
     /// Snapshots decoded ahead of their groups' opening (see [`Shards::preload`]).
     preloaded: Mutex<HashMap<ShardId, state_machine::Loaded>>,
 }
@@ -164,7 +164,7 @@ impl Shards {
             rings: Default::default(),
             changing: Default::default(),
             transfers: Default::default(),
-            open_lock: Default::default(),
+            open_locks: Default::default(),
             preloaded: Default::default(),
             config,
         };
@@ -199,8 +199,13 @@ impl Shards {
         // Shards the map (as far as this replica applied it) places here.
         let map = shards.map();
         shards.preload(&map.shards_of(shards.node_id)).await;
-        for id in map.shards_of(shards.node_id) {
-            shards.ensure_group(id, &map).await?;
+        // Each group replays its log since the snapshot as it opens: all at once, on every worker.
+        let opening = map.shards_of(shards.node_id).into_iter().map(|id| {
+            let (shards, map) = (shards.clone(), map.clone());
+            tokio::spawn(async move { shards.ensure_group(id, &map).await })
+        });
+        for (opened, id) in futures::future::join_all(opening).await.into_iter().zip(map.shards_of(shards.node_id)) {
+            opened.map_err(|e| ShardError::Fatal { shard: id, msg: format!("opening the group: {e}") })??;
         }
         if let Some(t) = &shards.config.transport {
             register_calls(t, &shards);
@@ -232,9 +237,15 @@ impl Shards {
         tracing::info!(shards = preloaded.len(), ms = started.elapsed().as_millis() as u64, "snapshots decoded");
     }
 
+    /// The lock that serializes opening and closing group `id` (other groups open beside it).
+    fn open_lock(&self, id: ShardId) -> Arc<tokio::sync::Mutex<()>> {
+        self.open_locks.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().clone()
+    }
+
     /// Opens one group (idempotent). `init`: the voters to initialize it with if it is pristine.
     async fn open_group(&self, id: ShardId, init: Option<BTreeMap<NodeId, Node>>) -> Result<Arc<Shard>, ShardError> {
-        let _guard = self.open_lock.lock().await;
+        let lock = self.open_lock(id);
+        let _guard = lock.lock().await;
         if let Some(s) = self.local(id) {
             return Ok(s);
         }
@@ -317,7 +328,8 @@ impl Shards {
     /// Stops a group this node no longer replicates. Its log and snapshot stay on disk until the shard
     /// comes back here (Raft then truncates what conflicts) or the node is retired.
     async fn close_group(&self, id: ShardId) {
-        let _guard = self.open_lock.lock().await;
+        let lock = self.open_lock(id);
+        let _guard = lock.lock().await;
         let Some(shard) = self.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&id) else { return };
         if let Some(t) = &self.config.transport {
             t.groups().unregister(id);
