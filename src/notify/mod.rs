@@ -25,8 +25,9 @@
 //! gets a `Resync` and continues live.
 //!
 //! Model events carry no time, so `operationTimestamp` is the wall clock when this node published the
-//! event (events re-applied from the log at start-up get the start-up time). Each node's feed holds the
-//! events of the shards it replicates, numbered in the order this node applied them.
+//! event. Each node's feed holds the events of the shards it replicates, numbered in the order this
+//! node applied them. What a starting node re-applies from its log is not published: the feed's
+//! epoch is new and no consumer or device can attach before the node's front doors open.
 //!
 //! # Known limitation of resuming after coalescing
 //! A merged event moves to the position of its newest part, so positions a consumer receives strictly

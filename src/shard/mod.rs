@@ -28,6 +28,7 @@ pub use group::Shard;
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -121,6 +122,9 @@ pub struct Shards {
     open_locks: Mutex<HashMap<ShardId, Arc<tokio::sync::Mutex<()>>>>,
     /// Snapshots decoded ahead of their groups' opening (see [`Shards::preload`]).
     preloaded: Mutex<HashMap<ShardId, state_machine::Loaded>>,
+    /// True until [`Shards::open`] returns: the groups are replaying their logs, and the node's front
+    /// doors are not open yet, so no device or feed consumer can be attached to the event hub.
+    starting: Arc<AtomicBool>,
 }
 
 impl Shards {
@@ -166,6 +170,7 @@ impl Shards {
             transfers: Default::default(),
             open_locks: Default::default(),
             preloaded: Default::default(),
+            starting: Arc::new(AtomicBool::new(true)),
             config,
         };
         if !clustered {
@@ -181,6 +186,7 @@ impl Shards {
                     .map_err(|e| ShardError::Fatal { shard: id, msg: format!("no leader: {e}") })?;
                 shard.read(|_| ()).await?;
             }
+            shards.starting.store(false, Ordering::Relaxed);
             return Ok(Arc::new(shards));
         }
         // The metadata group: the lowest founding id forms it with the first founding ids as voters.
@@ -210,6 +216,7 @@ impl Shards {
         if let Some(t) = &shards.config.transport {
             register_calls(t, &shards);
         }
+        shards.starting.store(false, Ordering::Relaxed);
         Ok(shards)
     }
 
@@ -258,9 +265,16 @@ impl Shards {
             (Some(hub), false) => {
                 let hub = hub.clone();
                 let rings = self.rings.clone();
+                let starting = self.starting.clone();
                 Some(Arc::new(move |index: u64, events: &[crate::model::Event]| {
+                    // Peers tailing the shard read the ring by log index, replayed entries included.
                     rings.record(id, index, events);
-                    (hub.publish)(id, events);
+                    // What a starting node re-applies from its log reaches no one (the hub's feed has a
+                    // new epoch and nothing attached yet), and building those events was a third of a
+                    // restart's replay.
+                    if !starting.load(Ordering::Relaxed) {
+                        (hub.publish)(id, events);
+                    }
                 }))
             }
             _ => None,
