@@ -220,6 +220,23 @@ impl Shards {
         Ok(shards)
     }
 
+    /// Asks every hosted group whose applied work since its last snapshot reached `snapshot_every`
+    /// twin writes for a snapshot now. Raft's own policy counts log entries, and one bulk registry
+    /// entry carries up to a hundred twin writes: a bulk-loaded shard could reach millions of writes
+    /// with no snapshot, which a restart then re-applies one by one (decoding a snapshot is far
+    /// cheaper). A group already building one ignores the request.
+    pub async fn snapshot_heavy_groups(&self) {
+        let every = self.config.snapshot_every.max(1);
+        for s in self.hosted() {
+            let work = s.state.read().unwrap_or_else(|e| e.into_inner()).work_since_snapshot.load(Ordering::Relaxed);
+            if work >= every {
+                if let Err(e) = s.raft.trigger().snapshot().await {
+                    tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
+                }
+            }
+        }
+    }
+
     /// Decodes the snapshots of `ids` in parallel, one per core, for the groups about to open: a node
     /// restarting with a million twins spends its start decoding them, and one core at a time would
     /// leave the others idle. A snapshot that fails to load is left for its group's opening to report.
