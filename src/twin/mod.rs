@@ -7,9 +7,9 @@
 mod actor;
 mod meta;
 pub mod read;
-mod view;
 mod registry;
 mod scan;
+mod view;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

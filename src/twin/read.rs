@@ -8,11 +8,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::view::TwinView;
 use crate::ids::TwinId;
 use crate::model::{Credentials, DeviceStats, ShardState, TwinError, TwinRef};
-use super::view::TwinView;
-use crate::shard::{Shard, ShardError};
 use crate::query::{self, Collection, Fields, Partial, PartialState, Query, RowKey};
+use crate::shard::{Shard, ShardError};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ReadOp {

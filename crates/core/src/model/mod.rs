@@ -273,11 +273,11 @@ impl ShardState {
         let first = after.first().map(String::as_str);
         if !modules {
             let start = first.map_or(Bound::Unbounded, Bound::Excluded);
-            return Box::new(
-                self.devices
-                    .range::<str, _>((start, Bound::Unbounded))
-                    .map(|(id, d)| TwinRef { device_id: id, device: d, module: None }),
-            );
+            return Box::new(self.devices.range::<str, _>((start, Bound::Unbounded)).map(|(id, d)| TwinRef {
+                device_id: id,
+                device: d,
+                module: None,
+            }));
         }
         let start = first.map_or(Bound::Unbounded, Bound::Included);
         let after_module = after.get(1).map(String::as_str);
