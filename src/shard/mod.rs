@@ -204,13 +204,14 @@ impl Shards {
         let shards = Arc::new(shards);
         // Shards the map (as far as this replica applied it) places here.
         let map = shards.map();
-        shards.preload(&map.shards_of(shards.node_id)).await;
+        let ids = map.shards_of(shards.node_id);
+        shards.preload(&ids).await;
         // Each group replays its log since the snapshot as it opens: all at once, on every worker.
-        let opening = map.shards_of(shards.node_id).into_iter().map(|id| {
+        let opening = ids.iter().map(|&id| {
             let (shards, map) = (shards.clone(), map.clone());
             tokio::spawn(async move { shards.ensure_group(id, &map).await })
         });
-        for (opened, id) in futures::future::join_all(opening).await.into_iter().zip(map.shards_of(shards.node_id)) {
+        for (opened, &id) in futures::future::join_all(opening).await.into_iter().zip(&ids) {
             opened.map_err(|e| ShardError::Fatal { shard: id, msg: format!("opening the group: {e}") })??;
         }
         if let Some(t) = &shards.config.transport {

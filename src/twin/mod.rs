@@ -87,10 +87,7 @@ impl Twins {
                     // Answered only from a local replica (never forwarded again): the caller walks
                     // the shard's replicas itself.
                     let r = match shards.local(shard) {
-                        Some(s) => match s.linearize().await {
-                            Ok(()) => read::run_local(&s, op).await,
-                            Err(e) => Err(e),
-                        },
+                        Some(s) => read::run_linearized(&s, op).await,
                         None => Err(ShardError::NotLeader { shard, leader: None }),
                     };
                     serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
@@ -146,20 +143,13 @@ impl Twins {
     pub async fn read_shard(&self, shard: ShardId, op: ReadOp) -> Result<ReadOut, ShardError> {
         let Some(t) = &self.transport else {
             let Some(s) = self.shards.local(shard) else { return Err(ShardError::NotLeader { shard, leader: None }) };
-            s.linearize().await?;
-            return read::run_local(&s, op).await;
+            return read::run_linearized(&s, op).await;
         };
         let mut retry = Retry::new();
         loop {
             let (target, r) = match self.shards.local(shard) {
                 Some(s) if self.follower_reads => return read::run_local(&s, op).await,
-                Some(s) => {
-                    let r = match s.linearize().await {
-                        Ok(()) => read::run_local(&s, op.clone()).await,
-                        Err(e) => Err(e),
-                    };
-                    (Some(t.node_id()), r)
-                }
+                Some(s) => (Some(t.node_id()), read::run_linearized(&s, op.clone()).await),
                 None => {
                     let target = retry.pick(&self.shards.route(shard));
                     let r = match target {

@@ -101,6 +101,12 @@ pub async fn run_local(shard: &Arc<Shard>, op: ReadOp) -> Result<ReadOut, ShardE
         .map_err(|e| ShardError::Fatal { shard: shard.id, msg: format!("a scan of the shard failed: {e}") })
 }
 
+/// [`run_local`] once the replica's applied state is linearizable (see [`Shard::linearize`]).
+pub async fn run_linearized(shard: &Arc<Shard>, op: ReadOp) -> Result<ReadOut, ShardError> {
+    shard.linearize().await?;
+    run_local(shard, op).await
+}
+
 /// One candidate row of a query on a shard: a twin not yet rendered, or an already rendered
 /// `devices.jobs` row.
 enum Candidate<'a> {
@@ -127,7 +133,6 @@ impl Candidate<'_> {
     /// ids).
     fn render(&self, fields: &Fields) -> Cow<'_, Value> {
         match self {
-            Candidate::Twin(t) if fields.is_all() => Cow::Owned(t.render()),
             Candidate::Twin(t) => Cow::Owned(t.render_members(&|name| fields.wants(name))),
             Candidate::Doc(d) => Cow::Borrowed(d),
         }
