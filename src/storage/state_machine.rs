@@ -1,4 +1,4 @@
-//! openraft's state machine for one shard: `model::ShardState` in memory, snapshots durable in fjall.
+//! openraft's state machine for one shard: `model::ShardState` in memory, snapshots durable in files.
 //!
 //! The state itself is transient. What survives a restart is the latest snapshot (state bytes plus the
 //! last applied log id and membership) and the log after it: on open the snapshot is loaded, and
@@ -13,8 +13,7 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 
-use super::group_commit::Item;
-use super::store::{MetaKey, Store};
+use super::store::Store;
 use super::types::{LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::ids::ShardId;
 use crate::model::{Applied, Reply, ShardState};
@@ -120,36 +119,37 @@ impl StateMachine {
     }
 }
 
-/// Writes a snapshot durably unless a newer one is already stored; returns whether it was written.
+/// Writes a snapshot durably unless a newer one is already stored; hands the data back.
+///
+/// The file is written and fsynced on the blocking pool, not through the group-commit writer, so a
+/// large snapshot never holds up the log appends of the node's other groups.
 async fn persist_snapshot(
     shard: ShardId,
-    store: &Store,
+    store: &Arc<Store>,
     current: &Mutex<Option<SnapshotMeta>>,
     meta: &SnapshotMeta,
-    data: &[u8],
-) -> io::Result<bool> {
+    data: Vec<u8>,
+) -> io::Result<Vec<u8>> {
     {
         let cur = current.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(cur) = cur.as_ref() {
             if cur.last_log_id > meta.last_log_id {
-                return Ok(false);
+                return Ok(data);
             }
         }
     }
-    let items = vec![
-        Store::put_meta(shard, MetaKey::SnapshotMeta, meta)?,
-        Item::Put(
-            super::group_commit::Space::Meta,
-            super::store::meta_key(shard, MetaKey::SnapshotData),
-            data.to_vec(),
-        ),
-    ];
-    store.writer.write_durable(items).await?;
+    let (files, m) = (Arc::clone(store), meta.clone());
+    let data = tokio::task::spawn_blocking(move || files.snapshots.write(shard, &m, &data).map(|()| data))
+        .await
+        .map_err(io::Error::other)??;
+    // A snapshot an older version kept in the database is superseded now; its deletion needs no fsync
+    // of its own (the file above is what a restart reads first).
+    store.writer.write(Store::drop_legacy_snapshot(shard)).await?;
     let mut cur = current.lock().unwrap_or_else(|e| e.into_inner());
     if cur.as_ref().is_none_or(|c| c.last_log_id <= meta.last_log_id) {
         *cur = Some(meta.clone());
     }
-    Ok(true)
+    Ok(data)
 }
 
 pub struct SnapshotBuilder {
@@ -173,7 +173,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(io::Error::other)?;
-        persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, &data).await?;
+        let data = persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, data).await?;
         Ok(Snapshot { meta, snapshot: data })
     }
 }
@@ -228,7 +228,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .await
             .map_err(io::Error::other)?;
         let state = state.map_err(invalid)?;
-        persist_snapshot(self.shard, &self.store, &self.snapshot, meta, &snapshot).await?;
+        persist_snapshot(self.shard, &self.store, &self.snapshot, meta, snapshot).await?;
         let mut a = write_lock(&self.shared);
         a.state = state;
         a.last_applied = meta.last_log_id;
@@ -237,6 +237,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
-        Ok(self.store.snapshot(self.shard)?.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+        let (store, shard) = (Arc::clone(&self.store), self.shard);
+        let stored = tokio::task::spawn_blocking(move || store.snapshot(shard)).await.map_err(io::Error::other)??;
+        Ok(stored.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }

@@ -5,7 +5,11 @@
 //! - keyspace `log`: `shard u32 BE ‖ index u64 BE` → postcard `Entry`. Big-endian keys sort by
 //!   shard, then index, so a shard's log is one contiguous range.
 //! - keyspace `meta`: `shard u32 BE ‖ tag u8` → postcard value (vote, committed, last purged log id,
-//!   snapshot meta) or raw snapshot bytes.
+//!   snapshot meta) or raw snapshot bytes. Snapshots are no longer written here (see
+//!   [`super::snapshot_files`]); one stored by an older version is still read, and removed once a
+//!   newer snapshot file is durable.
+//!
+//! Snapshot files live in `data_dir/raft/snapshots`, beside fjall's own folders.
 
 use std::io;
 use std::path::Path;
@@ -15,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::group_commit::{GroupCommit, Item, Space};
+use super::snapshot_files::SnapshotFiles;
 use super::types::{Entry, SnapshotMeta};
 use crate::ids::ShardId;
 
@@ -34,6 +39,7 @@ pub struct Store {
     pub log: Keyspace,
     pub meta: Keyspace,
     pub writer: GroupCommit,
+    pub snapshots: SnapshotFiles,
 }
 
 pub fn log_key(shard: ShardId, index: u64) -> Vec<u8> {
@@ -81,8 +87,9 @@ impl Store {
         for d in [dir.join("keyspaces"), dir.to_path_buf()].iter().chain(dir.parent().map(Path::to_path_buf).as_ref()) {
             std::fs::File::open(d)?.sync_all()?;
         }
+        let snapshots = SnapshotFiles::open(dir.join("snapshots"))?;
         let writer = GroupCommit::start(db.clone(), log.clone(), meta.clone())?;
-        Ok(Store { db, log, meta, writer })
+        Ok(Store { db, log, meta, writer, snapshots })
     }
 
     pub fn get_meta<T: DeserializeOwned>(&self, shard: ShardId, key: MetaKey) -> io::Result<Option<T>> {
@@ -92,8 +99,22 @@ impl Store {
         }
     }
 
-    /// The stored snapshot of `shard` (meta, data), read from one consistent view of the database.
+    /// The latest durable snapshot of `shard` (meta, data): its snapshot file, or the one an older
+    /// version kept in the database. Blocking.
     pub fn snapshot(&self, shard: ShardId) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
+        match self.snapshots.read(shard)? {
+            Some(s) => Ok(Some(s)),
+            None => self.legacy_snapshot(shard),
+        }
+    }
+
+    /// Deletions of the snapshot an older version kept in the database (absent keys are no-ops).
+    pub fn drop_legacy_snapshot(shard: ShardId) -> Vec<Item> {
+        [MetaKey::SnapshotMeta, MetaKey::SnapshotData].map(|k| Item::Del(Space::Meta, meta_key(shard, k))).into()
+    }
+
+    /// The snapshot of `shard` as an older version stored it, read from one consistent view.
+    fn legacy_snapshot(&self, shard: ShardId) -> io::Result<Option<(SnapshotMeta, Vec<u8>)>> {
         use fjall::Readable;
         let view = self.db.snapshot();
         let meta = view.get(&self.meta, meta_key(shard, MetaKey::SnapshotMeta)).map_err(io_err)?;
@@ -156,5 +177,28 @@ mod tests {
         let mut keys = vec![log_key(1, 0), log_key(0, u64::MAX), log_key(0, 256), log_key(0, 1)];
         keys.sort();
         assert_eq!(keys, vec![log_key(0, 1), log_key(0, 256), log_key(0, u64::MAX), log_key(1, 0)]);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_stored_by_an_older_version_is_read_until_a_file_replaces_it() {
+        use crate::storage::types::LogId;
+        let meta = |index| SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 0 }, index)),
+            last_membership: Default::default(),
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        let legacy = vec![
+            Store::put_meta(2, MetaKey::SnapshotMeta, &meta(5)).expect("encode"),
+            Item::Put(Space::Meta, meta_key(2, MetaKey::SnapshotData), b"old".to_vec()),
+        ];
+        store.writer.write_durable(legacy).await.expect("write");
+        assert_eq!(store.snapshot(2).expect("read").expect("legacy").1, b"old");
+        store.snapshots.write(2, &meta(9), b"new").expect("file");
+        store.writer.write_durable(Store::drop_legacy_snapshot(2)).await.expect("drop");
+        let (m, data) = store.snapshot(2).expect("read").expect("file");
+        assert_eq!((m.last_log_id.map(|l| l.index), data.as_slice()), (Some(9), b"new".as_slice()));
+        assert!(store.legacy_snapshot(2).expect("read").is_none());
+        store.writer.stop().await.expect("stop");
     }
 }
