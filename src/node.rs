@@ -198,6 +198,7 @@ impl Node {
         }));
         tasks.push(tokio::spawn(shard_metrics(shards.clone(), hub.clone(), dir.clone(), stop.clone())));
         tasks.push(tokio::spawn(reconcile(shards.clone(), stop.clone())));
+        tasks.push(tokio::spawn(snapshot_by_work(shards.clone(), stop.clone())));
         tasks.push(tokio::spawn(crate::configurations::run(
             twins.clone(),
             config.configuration_interval,
@@ -261,6 +262,20 @@ async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = shards.reconcile(&mut r) => {}
         }
+    }
+}
+
+/// Once a second, snapshots the groups whose applied twin writes since their last snapshot reached
+/// `snapshot_every` (see [`Shards::snapshot_heavy_groups`]).
+async fn snapshot_by_work(shards: Arc<Shards>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        shards.snapshot_heavy_groups().await;
     }
 }
 

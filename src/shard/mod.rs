@@ -94,6 +94,12 @@ pub struct Route {
     pub hosted: bool,
 }
 
+/// Twin writes since a shard's last snapshot, in units of `snapshot_every`, after which the shard is
+/// snapshotted whatever its entry count. Measured with 1M bulk-loaded twins (3 nodes, 16 shards,
+/// snapshot_every 10,000): at 1 the restart took 9.9 s but the load ran at 3,172 twins/s instead of
+/// 5,305, each shard encoding a growing snapshot six times; 4 snapshots each shard about once.
+pub const WORK_PER_SNAPSHOT: u64 = 4;
+
 /// Group id of the metadata Raft group, which holds the [`ClusterMap`]. Data shards are `0..shard_count`.
 pub const META: ShardId = ShardId::MAX;
 
@@ -219,6 +225,24 @@ impl Shards {
         }
         shards.starting.store(false, Ordering::Relaxed);
         Ok(shards)
+    }
+
+    /// Asks every hosted group whose applied work since its last snapshot reached
+    /// [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes for a snapshot now. Raft's own policy
+    /// counts log entries, and one bulk registry entry carries up to a hundred twin writes: a
+    /// bulk-loaded shard could reach millions of writes with no snapshot, which a restart then
+    /// re-applies one by one (decoding a snapshot is cheaper). A group already building one ignores
+    /// the request.
+    pub async fn snapshot_heavy_groups(&self) {
+        let every = self.config.snapshot_every.max(1).saturating_mul(WORK_PER_SNAPSHOT);
+        for s in self.hosted() {
+            let work = s.state.read().unwrap_or_else(|e| e.into_inner()).work_since_snapshot.load(Ordering::Relaxed);
+            if work >= every {
+                if let Err(e) = s.raft.trigger().snapshot().await {
+                    tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
+                }
+            }
+        }
     }
 
     /// Decodes the snapshots of `ids` in parallel, one per core, for the groups about to open: a node

@@ -6,6 +6,7 @@
 //! acknowledged write is back and `$version` continues.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard, TryLockError};
 
 use futures::{Stream, StreamExt};
@@ -24,6 +25,9 @@ pub struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
     pub state: ShardState,
+    /// Twin writes applied since the last snapshot ([`crate::model::Command::weight`]): what a
+    /// restart would re-apply. Reset when a snapshot is built (under the read lock, hence atomic).
+    pub work_since_snapshot: AtomicU64,
 }
 
 pub type SharedState = Arc<RwLock<AppliedState>>;
@@ -169,6 +173,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let (meta, data) = tokio::task::spawn_blocking(move || {
             let a = shared.read().unwrap_or_else(|e| e.into_inner());
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+            a.work_since_snapshot.store(0, Ordering::Relaxed);
             (meta, a.state.encode_snapshot())
         })
         .await
@@ -199,7 +204,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 a.last_applied = Some(log_id);
                 match &entry.payload {
                     EntryPayload::Blank => reply_done(),
-                    EntryPayload::Normal(cmd) => a.state.apply(cmd),
+                    EntryPayload::Normal(cmd) => {
+                        a.work_since_snapshot.fetch_add(cmd.weight(), Ordering::Relaxed);
+                        a.state.apply(cmd)
+                    }
                     EntryPayload::Membership(m) => {
                         a.membership = StoredMembership::new(Some(log_id), m.clone());
                         reply_done()

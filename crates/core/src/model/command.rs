@@ -228,6 +228,16 @@ impl Command {
         Command { request_id: RequestId::random(), timestamp_ms, op }
     }
 
+    /// Roughly how many twin writes applying this command makes: one, or one per entry of a bulk
+    /// registry call. A node that restarts re-applies its log since the last snapshot, so snapshots
+    /// are spaced by this work rather than by entries alone.
+    pub fn weight(&self) -> u64 {
+        match &self.op {
+            Op::Bulk { entries } => entries.len().max(1) as u64,
+            _ => 1,
+        }
+    }
+
     /// The device whose shard owns this command.
     pub fn device_id(&self) -> &str {
         match &self.op {
