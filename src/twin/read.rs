@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use super::view::TwinView;
 use crate::ids::TwinId;
+use crate::model::tag_index::IndexValue;
 use crate::model::{Credentials, DeviceStats, ShardState, TwinError, TwinRef};
-use crate::query::{self, Collection, Fields, Partial, PartialState, Query, RowKey};
+use crate::query::{self, Collection, Fields, Num, Partial, PartialState, Query, RowKey, Seg};
 use crate::shard::{Shard, ShardError};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -162,7 +163,7 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
         }
     }
     if let Some(mut p) = q.partial() {
-        for c in candidates(s, q.collection(), &[]) {
+        for c in indexed(s, &q, None).unwrap_or_else(|| candidates(s, q.collection(), &[])) {
             c.add_to(&mut p);
         }
         return Ok(QueryPart::Partial(p.state()));
@@ -171,7 +172,9 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
     let limit = query::page_limit(max_items, q.top(), cursor.as_ref()).saturating_add(1);
     let after: RowKey = cursor.map(|c| c.last).unwrap_or_default();
     let mut rows = Vec::new();
-    for c in candidates(s, q.collection(), &after) {
+    let all =
+        indexed(s, &q, after.first().map(String::as_str)).unwrap_or_else(|| candidates(s, q.collection(), &after));
+    for c in all {
         if rows.len() >= limit {
             break;
         }
@@ -183,6 +186,42 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
         }
     }
     Ok(QueryPart::Rows(rows))
+}
+
+/// The device twins the tag index narrows a devices query to, after the device id `after`: of the
+/// equalities on tags WHERE requires, the one that names the fewest devices. `None` when no such
+/// equality can be answered by the index (the caller visits every twin).
+fn indexed<'a>(
+    s: &'a ShardState,
+    q: &Query,
+    after: Option<&'a str>,
+) -> Option<Box<dyn Iterator<Item = Candidate<'a>> + 'a>> {
+    if q.collection() != Collection::Devices {
+        return None;
+    }
+    let mut best: Option<(usize, Box<dyn Iterator<Item = TwinRef<'a>> + 'a>)> = None;
+    for (path, value) in q.required_equalities() {
+        let ([Seg::Key(first), rest @ ..], Some(value)) = (path, index_value(value)) else { continue };
+        let keys: Option<Vec<&str>> =
+            rest.iter().map(|s| if let Seg::Key(k) = s { Some(k.as_str()) } else { None }).collect();
+        let (Some(keys), true) = (keys, first.eq_ignore_ascii_case("tags")) else { continue };
+        if let Some((n, twins)) = s.tagged_devices_after(keys.into_iter(), &value, after) {
+            if best.as_ref().is_none_or(|(m, _)| n < *m) {
+                best = Some((n, twins));
+            }
+        }
+    }
+    best.map(|(_, twins)| Box::new(twins.map(Candidate::Twin)) as Box<dyn Iterator<Item = Candidate<'a>> + 'a>)
+}
+
+/// The tag index's key of a query constant, if it has one.
+fn index_value(v: &Value) -> Option<IndexValue> {
+    match v {
+        Value::Bool(b) => Some(IndexValue::Bool(*b)),
+        Value::Number(_) => Num::of(v).map(|n| IndexValue::number(n.f64())),
+        Value::String(s) => IndexValue::string(s),
+        _ => None,
+    }
 }
 
 /// A read answered with another kind of result than asked for: a bug or a node of another version.
@@ -211,7 +250,7 @@ mod tests {
             let id = format!("d{i:02}");
             apply(&mut s, Op::PutDevice { device: DeviceSpec::test_sas(&id), if_match: None });
             let patch = json!({
-                "tags": {"b": i % 4, "t": {"x": i, "On": i % 2 == 0}, "arr": [i, {"k": i % 3}]},
+                "tags": {"b": i % 4, "t": {"x": i, "On": i % 2 == 0}, "arr": [i, {"k": i % 3}], "f": f64::from(i) / 2.0, "S": format!("s{}", i % 5)},
                 "properties": {"desired": {"fw": format!("v{}", i % 3), "n": {"deep": i}}}
             });
             let twin = TwinId { device_id: id.clone(), module_id: None };
@@ -280,12 +319,48 @@ mod tests {
             "SELECT deviceId FROM devices WHERE properties.reported.x = 1 OR deviceid = 'd03'",
             "SELECT tags.arr[1] AS a, COUNT() AS n FROM devices GROUP BY tags.arr[1]",
             "SELECT MAX(properties.desired.n.deep) AS m FROM devices WHERE connectionState = 'Disconnected'",
+            // Comparisons read primitives in place: integer against float text, exponents, strings,
+            // booleans, objects (undefined), IN.
+            "SELECT deviceId FROM devices WHERE tags.f = 1 OR tags.f = 2.5 OR tags.t.x = 7.0",
+            "SELECT deviceId FROM devices WHERE tags.f > 1.5e1 AND tags.t.x <= 3.5e1",
+            "SELECT deviceId FROM devices WHERE properties.desired.fw < 'v1' AND tags.t.On = false",
+            "SELECT deviceId FROM devices WHERE tags.t = 1 OR tags.b IN (1, 2.0)",
+            "SELECT deviceId FROM devices WHERE 10 > tags.t.x AND 'v0' != properties.desired.fw",
+            // Equalities on tags are answered through the tag index, the rest of WHERE on each twin.
+            "SELECT * FROM devices WHERE tags.s = 's3' AND tags.t.x > 10",
+            "SELECT deviceId FROM devices WHERE TAGS.B = 1.0 AND 2 = tags.b OR tags.b = 1",
+            "SELECT deviceId FROM devices WHERE tags.f = 1 AND tags.t.On = true AND tags.b = 2",
+            "SELECT deviceId FROM devices WHERE tags.b = 3 AND tags.s = 's1' AND tags.t.on = false",
+            "SELECT COUNT() AS n FROM devices WHERE tags.s = 's2' AND properties.desired.fw = 'v2'",
+            "SELECT deviceId FROM devices WHERE tags.t = 1 OR tags.arr[0] = 3",
+            "SELECT deviceId FROM devices WHERE tags.b = 2 AND tags.s = 's4' AND deviceId > 'd20'",
         ] {
             let q = query::parse(text).unwrap();
             let docs = if text.contains("devices.modules") { &modules } else { &devices };
             let expected = q.run(docs.iter());
             assert!(!expected.is_empty(), "{text} selects nothing: a weak case");
             assert_eq!(paged(&s, text), expected, "{text}");
+        }
+    }
+
+    /// Which queries the tag index narrows, and to how many twins.
+    #[test]
+    fn tag_equalities_narrow_the_scan() {
+        let s = shard();
+        let visited = |text: &str| super::indexed(&s, &query::parse(text).unwrap(), None).map(Iterator::count);
+        assert_eq!(visited("SELECT * FROM devices WHERE tags.b = 2"), Some(10));
+        assert_eq!(visited("SELECT * FROM devices WHERE tags.b = 2 AND Tags.S = 's4'"), Some(8), "the smaller set");
+        assert_eq!(visited("SELECT COUNT() FROM devices WHERE tags.t.on = true AND tags.t.x < 9"), Some(20));
+        assert_eq!(visited("SELECT * FROM devices WHERE tags.nope = 2"), Some(0));
+        assert_eq!(visited("SELECT * FROM devices WHERE tags.t = 2"), Some(0), "an object is never equal");
+        for scan in [
+            "SELECT * FROM devices WHERE tags.b = 2 OR tags.b = 1",
+            "SELECT * FROM devices WHERE tags.arr[0] = 3",
+            "SELECT * FROM devices WHERE tags.b < 2",
+            "SELECT * FROM devices WHERE properties.desired.fw = 'v1'",
+            "SELECT * FROM devices.modules WHERE tags.b = 2",
+        ] {
+            assert_eq!(visited(scan), None, "{scan}");
         }
     }
 }

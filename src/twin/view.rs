@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use crate::model::{Node, NodeValue, TwinRef};
-use crate::query::{lookup, Document, Seg};
+use crate::query::{lookup, Document, Num, Scalar, Seg};
 
 pub struct TwinView<'a>(pub TwinRef<'a>);
 
@@ -19,11 +19,13 @@ fn key_is(seg: &Seg, name: &str) -> bool {
     matches!(seg, Seg::Key(k) if k.eq_ignore_ascii_case(name))
 }
 
-impl Document for TwinView<'_> {
-    fn get(&self, path: &[Seg]) -> Option<Cow<'_, Value>> {
+impl TwinView<'_> {
+    /// The section node (`tags`, desired or reported) a path leads into and the rest of the path, when
+    /// the path can be followed in the shard's own tree.
+    fn in_tree<'p>(&self, path: &'p [Seg]) -> Option<(&Node, &'p [Seg])> {
         let twin = self.0.twin();
         match path {
-            [tags, rest @ ..] if key_is(tags, "tags") && !rest.is_empty() => in_node(&twin.tags, rest),
+            [tags, rest @ ..] if key_is(tags, "tags") && !rest.is_empty() => Some((&twin.tags, rest)),
             // `$metadata` and `$version` exist only in the rendered section.
             [props, section, rest @ ..]
                 if key_is(props, "properties")
@@ -31,18 +33,45 @@ impl Document for TwinView<'_> {
                     && !matches!(&rest[0], Seg::Key(k) if k.starts_with('$')) =>
             {
                 if key_is(section, "desired") {
-                    in_node(&twin.desired, rest)
+                    Some((&twin.desired, rest))
                 } else if key_is(section, "reported") {
-                    in_node(&twin.reported, rest)
+                    Some((&twin.reported, rest))
                 } else {
                     None
                 }
             }
-            [Seg::Key(first), ..] => {
+            _ => None,
+        }
+    }
+}
+
+impl Document for TwinView<'_> {
+    fn get(&self, path: &[Seg]) -> Option<Cow<'_, Value>> {
+        match (self.in_tree(path), path) {
+            (Some((node, rest)), _) => match walk(node, rest)? {
+                Walked::Node(n) => Some(Cow::Owned(n.to_value())),
+                Walked::InArray(v) => Some(Cow::Borrowed(v)),
+            },
+            (None, [Seg::Key(first), ..]) => {
                 let doc = self.0.render_members(&|name| name.eq_ignore_ascii_case(first));
                 lookup(&doc, path).map(|(v, _)| Cow::Owned(v.clone()))
             }
-            _ => None,
+            (None, _) => None,
+        }
+    }
+
+    fn scalar(&self, path: &[Seg]) -> Option<Scalar<'_>> {
+        let Some((node, rest)) = self.in_tree(path) else {
+            return self.get(path).and_then(Scalar::of);
+        };
+        match walk(node, rest)? {
+            Walked::Node(n) => match &n.value {
+                NodeValue::Bool(b) => Some(Scalar::Bool(*b)),
+                NodeValue::Number(text) => Num::parse(text).map(Scalar::Num),
+                NodeValue::String(s) => Some(Scalar::Str(Cow::Borrowed(s))),
+                NodeValue::Object(_) | NodeValue::Array(_) => None,
+            },
+            Walked::InArray(v) => Scalar::borrowed(v),
         }
     }
 
@@ -51,15 +80,21 @@ impl Document for TwinView<'_> {
     }
 }
 
-/// The value at `path` below the object `node`, as its rendering would hold it.
-fn in_node<'a>(node: &'a Node, path: &[Seg]) -> Option<Cow<'a, Value>> {
+/// Where a path below a section node ends: at a node of the tree, or inside an array value.
+enum Walked<'a> {
+    Node(&'a Node),
+    InArray(&'a Value),
+}
+
+/// Follows `path` below the object `node`, by the lookup rules of the rendered document.
+fn walk<'a>(node: &'a Node, path: &[Seg]) -> Option<Walked<'a>> {
     let mut cur = node;
     for (i, seg) in path.iter().enumerate() {
         match (seg, &cur.value) {
             (Seg::Key(k), NodeValue::Object(_)) => cur = cur.find_member(k)?,
-            (_, NodeValue::Array(a)) => return lookup(a, &path[i..]).map(|(v, _)| Cow::Borrowed(v)),
+            (_, NodeValue::Array(a)) => return lookup(a, &path[i..]).map(|(v, _)| Walked::InArray(v)),
             _ => return None,
         }
     }
-    Some(Cow::Owned(cur.to_value()))
+    Some(Walked::Node(cur))
 }

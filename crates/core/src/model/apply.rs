@@ -205,6 +205,17 @@ impl ShardState {
         }
     }
 
+    /// Moves a device twin's entries in the tag index from its current tags to `new` (call just
+    /// before the twin takes them; module twins are not indexed).
+    fn retag(&mut self, id: &TwinId, new: &Node) {
+        if id.module_id.is_none() {
+            if let Some(dev) = self.devices.get(&id.device_id) {
+                self.tag_index.remove(&id.device_id, &dev.twin.tags);
+                self.tag_index.add(&id.device_id, new);
+            }
+        }
+    }
+
     fn identity_mut(&mut self, id: &TwinId) -> Result<&mut Identity, TwinError> {
         let dev = self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
@@ -245,6 +256,7 @@ impl ShardState {
                     body: entry.render_twin(id, None),
                 });
                 let doc = entry.render(id);
+                self.tag_index.add(id, &entry.twin.tags);
                 self.devices.insert(id.to_string(), entry);
                 Ok(Reply::Device(doc))
             }
@@ -281,7 +293,9 @@ impl ShardState {
             op_type: "deleteDeviceIdentity".into(),
             body: dev.render_twin(id, None),
         });
-        self.devices.remove(id);
+        if let Some(dev) = self.devices.remove(id) {
+            self.tag_index.remove(id, &dev.twin.tags);
+        }
         Ok(Reply::Done)
     }
 
@@ -434,6 +448,9 @@ impl ShardState {
             None => None,
         };
         let etag = self.next_etag();
+        if let Some(t) = &tags {
+            self.retag(id, t);
+        }
         let twin = self.twin_doc_mut(id)?;
         twin.etag = etag;
         twin.version = version;
@@ -499,6 +516,7 @@ impl ShardState {
         check_size("properties.desired", desired.size(), MAX_DESIRED_SIZE)?;
         let diff = replace_diff(&cur.desired.to_map(), &desired_map);
         let etag = self.next_etag();
+        self.retag(id, &tags);
         let twin = self.twin_doc_mut(id)?;
         twin.etag = etag;
         twin.version = version;

@@ -59,6 +59,7 @@ impl ShardState {
         let mut inserted = 0;
         for (id, entry) in &page.devices {
             if !self.devices.contains_key(id) {
+                self.tag_index.add(id, &entry.twin.tags);
                 self.devices.insert(id.clone(), entry.clone());
                 inserted += 1;
                 for (job, rows) in &page.device_jobs {

@@ -20,6 +20,7 @@ mod json_text;
 pub mod method;
 mod registry;
 mod reply;
+pub mod tag_index;
 pub mod time;
 pub mod validate;
 
@@ -146,6 +147,9 @@ pub struct ShardState {
     /// The hub's CA certificates; only the metadata group's state uses it.
     #[serde(default)]
     pub certificates: certificates::Certificates,
+    /// Devices by tag value, for selective queries; derived from `devices`, rebuilt on decode.
+    #[serde(skip)]
+    tag_index: tag_index::TagIndex,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -291,6 +295,38 @@ impl ShardState {
         }))
     }
 
+    /// The device twins that may hold `value` at the tag path `path` (the keys after `tags`), with
+    /// ids after `after`, in id order, and how many there are in all; `None` if the tag index cannot
+    /// tell (see [`tag_index`]). Callers still test each twin.
+    pub fn tagged_devices_after<'a, 'p>(
+        &'a self,
+        path: impl ExactSizeIterator<Item = &'p str>,
+        value: &tag_index::IndexValue,
+        after: Option<&'a str>,
+    ) -> Option<(usize, Box<dyn Iterator<Item = TwinRef<'a>> + 'a>)> {
+        let ids = self.tag_index.candidates(path, value)?;
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let twins = ids.range::<str, _>((start, Bound::Unbounded)).filter_map(|id| {
+            let (id, device) = self.devices.get_key_value(id.as_str())?;
+            Some(TwinRef { device_id: id, device, module: None })
+        });
+        Some((ids.len(), Box::new(twins)))
+    }
+
+    /// The tag index rebuilt from the twins (what decoding a snapshot does; tests compare).
+    pub fn rebuilt_tag_index(&self) -> tag_index::TagIndex {
+        let mut index = tag_index::TagIndex::default();
+        for (id, d) in &self.devices {
+            index.add(id, &d.twin.tags);
+        }
+        index
+    }
+
+    /// Whether the maintained tag index equals one rebuilt from the twins.
+    pub fn tag_index_is_consistent(&self) -> bool {
+        self.tag_index == self.rebuilt_tag_index()
+    }
+
     /// `devices.jobs` rows in (jobId, deviceId) order, strictly after the key `after`.
     pub fn job_rows_after<'a>(&'a self, after: &'a [String]) -> Box<dyn Iterator<Item = Value> + 'a> {
         let first = after.first().map(String::as_str);
@@ -382,7 +418,9 @@ impl ShardState {
         if snap.format != SNAPSHOT_FORMAT {
             return Err(format!("unknown shard snapshot format {}", snap.format));
         }
-        Ok(snap.state)
+        let mut state = snap.state;
+        state.tag_index = state.rebuilt_tag_index();
+        Ok(state)
     }
 }
 

@@ -898,3 +898,44 @@ fn method_job_claims_call_each_device_at_most_once() {
     let row = f.state.device_jobs["j"]["ghost"].render("j", "ghost");
     assert_eq!(row["status"], "failed", "{row}");
 }
+
+/// The tag index follows every way tags change: patches (nested, removal by null), replacement,
+/// module twins (not indexed), deletion, and a snapshot round trip rebuilds the same index.
+#[test]
+fn tag_index_follows_every_tag_change() {
+    let mut f = Fixture::new();
+    for id in ["a", "b", "c"] {
+        f.must(Op::PutDevice { device: device_spec(id), if_match: None });
+    }
+    let (a, b, c) = (TwinId::device("a"), TwinId::device("b"), TwinId::device("c"));
+    f.patch(&a, json!({"tags": {"site": "x", "loc": {"floor": 2}}}));
+    f.patch(&b, json!({"tags": {"site": "x", "on": true}}));
+    f.patch(&c, json!({"tags": {"Site": "y"}}));
+    assert!(f.state.tag_index_is_consistent());
+    f.patch(&a, json!({"tags": {"loc": {"floor": null}, "site": "y"}}));
+    f.replace(&b, json!({"tags": {"site": "z"}}));
+    f.must(Op::PutModule {
+        module: ModuleSpec { device_id: "c".into(), module_id: "m".into(), managed_by: None, auth: auth() },
+        if_match: None,
+    });
+    f.patch(&TwinId::module("c", "m"), json!({"tags": {"site": "x"}}));
+    // A rejected patch (tags too large) leaves the index alone.
+    f.must_reject(Op::UpdateTwin {
+        id: a.clone(),
+        patch_json: json!({"tags": {"big": object_of_size(MAX_TAGS_SIZE + 1)}}).to_string(),
+        if_match: None,
+    });
+    assert!(f.state.tag_index_is_consistent());
+    let site = |s: &ShardState, v: &str| -> Vec<String> {
+        let value = tag_index::IndexValue::string(v).unwrap();
+        let (_, twins) = s.tagged_devices_after(["SITE"].into_iter(), &value, None).unwrap();
+        twins.map(|t| t.device_id.to_string()).collect()
+    };
+    assert_eq!(site(&f.state, "y"), ["a", "c"]);
+    assert!(site(&f.state, "x").is_empty(), "a module twin's tags are not indexed; b's were replaced");
+    f.must(Op::DeleteDevice { device_id: "a".into(), if_match: None });
+    assert_eq!(site(&f.state, "y"), ["c"]);
+    assert!(f.state.tag_index_is_consistent());
+    let decoded = ShardState::decode_snapshot(&f.state.encode_snapshot()).unwrap();
+    assert_eq!(decoded, f.state, "the index is rebuilt from the snapshot");
+}

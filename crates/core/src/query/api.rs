@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::aggregate::{self, AggPlan, Partial};
-use super::ast::{Collection, Expr, ExprKind, OutName, Select, SelectItem};
+use super::ast::{Collection, Expr, ExprKind, OutName, Seg, Select, SelectItem};
 use super::error::{CursorError, QueryError};
 use super::eval::{eval, lookup, truthy, Document, Env};
 use super::fields::Fields;
@@ -126,6 +126,30 @@ impl Query {
     /// [`Query::matches`] for any [`Document`]: a shard tests its twins without rendering them.
     pub fn matches_doc(&self, doc: &dyn Document) -> bool {
         self.inner.filter.as_ref().is_none_or(|f| truthy(f, Env::doc(doc)))
+    }
+
+    /// The equalities every matching document must satisfy: conditions `path = constant` (either
+    /// way round) that stand alone in WHERE or in its top-level AND. A document that fails one of
+    /// them cannot match, so an index over such a path can narrow the documents to test.
+    pub fn required_equalities(&self) -> Vec<(&[Seg], &Value)> {
+        use super::ast::CmpOp;
+        let Some(filter) = self.inner.filter.as_ref() else { return Vec::new() };
+        let conjuncts = match &filter.kind {
+            ExprKind::And(all) => all.as_slice(),
+            _ => std::slice::from_ref(filter),
+        };
+        conjuncts
+            .iter()
+            .filter_map(|c| match &c.kind {
+                ExprKind::Cmp(CmpOp::Eq, a, b) => match (&a.kind, &b.kind) {
+                    (ExprKind::Path(p), ExprKind::Const(v)) | (ExprKind::Const(v), ExprKind::Path(p)) => {
+                        Some((p.as_slice(), v))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
     }
 
     /// The result row for `doc` (which the caller has already checked with [`Query::matches`]):

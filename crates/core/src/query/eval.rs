@@ -32,6 +32,57 @@ pub trait Document {
     fn get(&self, path: &[Seg]) -> Option<Cow<'_, Value>>;
     /// The whole document (a query that names the document itself, such as `IS_OBJECT(d)`).
     fn whole(&self) -> Cow<'_, Value>;
+    /// The primitive at `path`, for a comparison; `None` if undefined or not a primitive. A
+    /// document that keeps values in its own form answers without building a `Value` (a WHERE
+    /// clause over a large shard makes this call once per twin and condition).
+    fn scalar(&self, path: &[Seg]) -> Option<Scalar<'_>> {
+        self.get(path).and_then(Scalar::of)
+    }
+}
+
+/// A primitive as comparisons read it: numbers already parsed, strings borrowed where possible.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scalar<'a> {
+    Null,
+    Bool(bool),
+    Num(Num),
+    Str(Cow<'a, str>),
+}
+
+impl<'a> Scalar<'a> {
+    /// The primitive a value holds; `None` for arrays, objects and non-finite numbers.
+    pub fn of(v: Cow<'a, Value>) -> Option<Scalar<'a>> {
+        match v {
+            Cow::Borrowed(v) => Scalar::borrowed(v),
+            Cow::Owned(Value::String(s)) => Some(Scalar::Str(Cow::Owned(s))),
+            Cow::Owned(Value::Null) => Some(Scalar::Null),
+            Cow::Owned(Value::Bool(b)) => Some(Scalar::Bool(b)),
+            Cow::Owned(ref n @ Value::Number(_)) => Num::of(n).map(Scalar::Num),
+            Cow::Owned(Value::Array(_) | Value::Object(_)) => None,
+        }
+    }
+
+    pub fn borrowed(v: &'a Value) -> Option<Scalar<'a>> {
+        match v {
+            Value::Null => Some(Scalar::Null),
+            Value::Bool(b) => Some(Scalar::Bool(*b)),
+            Value::Number(_) => Num::of(v).map(Scalar::Num),
+            Value::String(s) => Some(Scalar::Str(Cow::Borrowed(s))),
+            Value::Array(_) | Value::Object(_) => None,
+        }
+    }
+
+    /// Ordering of two primitives of the same type; `None` when the comparison is undefined.
+    /// Strings compare ordinally by UTF-16 code units.
+    pub fn compare(&self, other: &Scalar<'_>) -> Option<Ordering> {
+        match (self, other) {
+            (Scalar::Null, Scalar::Null) => Some(Ordering::Equal),
+            (Scalar::Bool(x), Scalar::Bool(y)) => Some(x.cmp(y)),
+            (Scalar::Num(x), Scalar::Num(y)) => x.cmp(*y),
+            (Scalar::Str(x), Scalar::Str(y)) => Some(x.encode_utf16().cmp(y.encode_utf16())),
+            _ => None,
+        }
+    }
 }
 
 impl Document for Value {
@@ -105,13 +156,7 @@ fn owned<'a>(v: Option<Value>) -> Val<'a> {
 
 /// Ordering of two primitives of the same type; `None` when the comparison is undefined.
 pub(crate) fn compare(a: &Value, b: &Value) -> Option<Ordering> {
-    match (a, b) {
-        (Value::Null, Value::Null) => Some(Ordering::Equal),
-        (Value::Bool(x), Value::Bool(y)) => Some(x.cmp(y)),
-        (Value::Number(_), Value::Number(_)) => Num::of(a)?.cmp(Num::of(b)?),
-        (Value::String(x), Value::String(y)) => Some(x.encode_utf16().cmp(y.encode_utf16())),
-        _ => None,
-    }
+    Scalar::borrowed(a)?.compare(&Scalar::borrowed(b)?)
 }
 
 pub(crate) fn is_primitive(v: &Value) -> bool {
@@ -136,7 +181,7 @@ pub(crate) fn eval<'a>(e: &'a Expr, env: Env<'a>) -> Val<'a> {
         ExprKind::Object(members) => object(members, env),
         ExprKind::Unary(op, inner) => unary(*op, eval(inner, env)),
         ExprKind::Arith(first, rest) => arith(first, rest, env),
-        ExprKind::Cmp(op, a, b) => cmp(*op, eval(a, env), eval(b, env)),
+        ExprKind::Cmp(op, a, b) => cmp(*op, operand(a, env), operand(b, env)),
         ExprKind::In { negated, lhs, rhs } => in_array(*negated, eval(lhs, env), eval(rhs, env)),
         ExprKind::And(all) => and(all, env),
         ExprKind::Or(all) => or(all, env),
@@ -187,9 +232,18 @@ fn arith<'a>(first: &'a Expr, rest: &'a [(num::ArithOp, Expr)], env: Env<'a>) ->
     owned(acc.and_then(Num::value))
 }
 
-fn cmp<'a>(op: CmpOp, a: Val<'_>, b: Val<'_>) -> Val<'a> {
-    let ord = match (a.as_deref(), b.as_deref()) {
-        (Some(a), Some(b)) => compare(a, b),
+/// A comparison's operand: paths ask the document for a primitive directly (no `Value` built).
+fn operand<'a>(e: &'a Expr, env: Env<'a>) -> Option<Scalar<'a>> {
+    match &e.kind {
+        ExprKind::Path(segs) => env.doc?.scalar(segs),
+        ExprKind::Const(v) => Scalar::borrowed(v),
+        _ => eval(e, env).and_then(Scalar::of),
+    }
+}
+
+fn cmp<'a>(op: CmpOp, a: Option<Scalar<'_>>, b: Option<Scalar<'_>>) -> Val<'a> {
+    let ord = match (a, b) {
+        (Some(a), Some(b)) => a.compare(&b),
         _ => None,
     };
     boolean(ord.map(|o| match op {

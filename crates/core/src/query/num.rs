@@ -12,7 +12,7 @@ use serde_json::{Number, Value};
 const EXACT_F64_INT: f64 = 9_007_199_254_740_992.0;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Num {
+pub enum Num {
     I(i64),
     F(f64),
 }
@@ -20,10 +20,17 @@ pub(crate) enum Num {
 impl Num {
     pub fn of(v: &Value) -> Option<Num> {
         let Value::Number(n) = v else { return None };
-        if let Some(i) = n.as_i64() {
+        Num::parse(n.as_str())
+    }
+
+    /// A number from its JSON text, as `serde_json` reads it with `arbitrary_precision` (an integer
+    /// that fits `i64`, else a finite `f64`): documents that keep numbers as text compare without
+    /// building a `Value`.
+    pub fn parse(text: &str) -> Option<Num> {
+        if let Ok(i) = text.parse::<i64>() {
             return Some(Num::I(i));
         }
-        n.as_f64().filter(|f| f.is_finite()).map(Num::F)
+        text.parse::<f64>().ok().filter(|f| f.is_finite()).map(Num::F)
     }
 
     pub fn f64(self) -> f64 {
@@ -129,6 +136,18 @@ mod tests {
         assert_eq!(arith(ArithOp::Rem, Num::I(i64::MIN), Num::I(-1)), Some(Num::F(-0.0)));
         assert_eq!(arith(ArithOp::Mul, Num::I(i64::MAX), Num::I(2)), Some(Num::F(i64::MAX as f64 * 2.0)));
         assert_eq!(arith(ArithOp::Mul, Num::F(1e308), Num::F(10.0)), None);
+    }
+
+    #[test]
+    fn parsing_text_reads_numbers_as_values_do() {
+        for text in ["1", "-0", "1.0", "1e2", "-2.5E-3", "9223372036854775807", "9223372036854775808", "1e400"] {
+            // serde_json's own reading of the same text.
+            let n: Number = serde_json::from_str(text).unwrap();
+            let serde = n.as_i64().map(Num::I).or_else(|| n.as_f64().map(Num::F));
+            assert_eq!(Num::parse(text), serde, "{text}");
+        }
+        assert_eq!(Num::parse("9223372036854775808"), Some(Num::F(9_223_372_036_854_775_808.0)));
+        assert_eq!(Num::parse("1e400"), None, "not finite: undefined");
     }
 
     #[test]
