@@ -53,7 +53,13 @@ pub fn policies() -> Arc<Policies> {
 
 /// The credentials every device identity has in these entry points (primary key `key(100)`).
 pub fn device_credentials() -> Credentials {
-    Credentials { primary_key: Some(key(100)), secondary_key: Some(key(101)), enabled: true, subscriptions: Vec::new() }
+    Credentials {
+        primary_key: Some(key(100)),
+        secondary_key: Some(key(101)),
+        enabled: true,
+        subscriptions: Vec::new(),
+        auth_type: "sas".into(),
+    }
 }
 
 /// A valid `SharedAccessSignature` header of policy `name` for `sr_raw` (already URL-encoded, as

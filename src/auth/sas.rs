@@ -163,6 +163,7 @@ mod tests {
             secondary_key: Some(KEY.into()),
             enabled: true,
             subscriptions: Vec::new(),
+            auth_type: "sas".into(),
         };
         verify_device_token(&t, "LOCALHOST:8883", "dev1", None, &creds, se - 10).unwrap();
         assert_eq!(
@@ -175,6 +176,7 @@ mod tests {
             secondary_key: None,
             enabled: true,
             subscriptions: Vec::new(),
+            auth_type: "sas".into(),
         };
         assert_eq!(verify_device_token(&t, "localhost", "dev1", None, &other, se), Err(AuthError::BadSignature));
         let disabled = Credentials { enabled: false, ..creds };
@@ -192,6 +194,7 @@ mod tests {
             secondary_key: None,
             enabled: true,
             subscriptions: Vec::new(),
+            auth_type: "sas".into(),
         };
         verify_device_token(&t, "localhost", "d", Some("m"), &creds, 0).unwrap();
         assert!(verify_device_token(&t, "localhost", "d", None, &creds, 0).is_err());

@@ -29,6 +29,13 @@ pub fn parse_client_id(client_id: &str) -> Result<TwinId, Refusal> {
     Ok(id)
 }
 
+/// An accepted CONNECT: who logged in, and whether a persistent session of theirs had stored
+/// subscriptions (a clean connect must discard them; known from the login's own read).
+pub struct Login {
+    pub id: TwinId,
+    pub stored_subscriptions: bool,
+}
+
 /// A CONNECT user name, read loosely: `{host}/{device}[/{module}]/?{query}`. SDKs differ in the query
 /// (api-version, DeviceClientType, model-id, in any order) and some send no query at all.
 #[derive(Debug, PartialEq, Eq)]
@@ -83,7 +90,7 @@ pub struct Credentials<'a> {
 
 impl Mqtt {
     /// Decides whether a CONNECT may open a connection, and for which identity.
-    pub async fn authenticate(&self, c: &Credentials<'_>) -> Result<TwinId, Refusal> {
+    pub async fn authenticate(&self, c: &Credentials<'_>) -> Result<Login, Refusal> {
         let id = parse_client_id(c.client_id)?;
         if let Some(u) = c.username.filter(|u| !u.is_empty()) {
             let u = parse_username(u).map_err(Refusal::BadCredentials)?;
@@ -109,16 +116,15 @@ impl Mqtt {
             return self.authenticate_x509(id, c.certs).await;
         };
         let token = SasToken::parse(token).map_err(|e| Refusal::BadCredentials(e.to_string()))?;
-        let (creds, auth_type) =
-            tokio::try_join!(self.twins.credentials(&id), self.auth_type(&id)).map_err(Refusal::Unavailable)?;
-        let not_registered = || Refusal::BadCredentials(format!("{id} is not registered"));
-        let creds = creds.ok_or_else(not_registered)?;
-        let auth_type = auth_type.ok_or_else(not_registered)?;
+        // One read: keys, status, authentication type and stored subscriptions.
+        let creds = self.twins.credentials(&id).await.map_err(Refusal::Unavailable)?;
+        let creds = creds.ok_or_else(|| Refusal::BadCredentials(format!("{id} is not registered")))?;
         // Refused before the signature is checked: an X.509 identity usually has no key to check against,
         // and "not authorized" is what it gets whatever the token says.
-        if !accepts_sas(&auth_type) {
+        if !accepts_sas(&creds.auth_type) {
             return Err(Refusal::NotAuthorized(format!(
-                "{id} authenticates with '{auth_type}' (X.509), not with SAS tokens"
+                "{id} authenticates with '{}' (X.509), not with SAS tokens",
+                creds.auth_type
             )));
         }
         let host = self.sas_host(&token);
@@ -128,7 +134,7 @@ impl Mqtt {
                 other => Refusal::BadCredentials(other.to_string()),
             },
         )?;
-        Ok(id)
+        Ok(Login { stored_subscriptions: !creds.subscriptions.is_empty(), id })
     }
 
     /// A CONNECT with a client certificate and no password: the identity must be registered for X.509
@@ -138,7 +144,7 @@ impl Mqtt {
         &self,
         id: TwinId,
         certs: &[rustls::pki_types::CertificateDer<'static>],
-    ) -> Result<TwinId, Refusal> {
+    ) -> Result<Login, Refusal> {
         let (creds, doc) =
             tokio::try_join!(self.twins.credentials(&id), self.identity_doc(&id)).map_err(Refusal::Unavailable)?;
         let not_registered = || Refusal::BadCredentials(format!("{id} is not registered"));
@@ -176,7 +182,7 @@ impl Mqtt {
                 )))
             }
         }
-        Ok(id)
+        Ok(Login { stored_subscriptions: !creds.subscriptions.is_empty(), id })
     }
 
     /// The identity's registry document (`None`: no such identity).
@@ -185,11 +191,6 @@ impl Mqtt {
             None => self.twins.device(&id.device_id).await?,
             Some(m) => self.twins.doc(&id.device_id, ReadOp::Module(id.device_id.clone(), m.clone())).await?.ok(),
         })
-    }
-
-    /// The identity's `authentication.type` as its registry document states it (`None`: no such identity).
-    async fn auth_type(&self, id: &TwinId) -> Result<Option<String>, ShardError> {
-        Ok(self.identity_doc(id).await?.as_ref().map(auth_type_of))
     }
 
     /// The host to check a token's resource against. The configured host name has no port, but a

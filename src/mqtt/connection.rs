@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::codec::{self, Codec, DecodeError, Out, Version};
-use super::connect::Credentials;
+use super::connect::{Credentials, Login};
 use super::error::{Close, ConnAckCode, Refusal, RequestError};
 use super::methods::{MethodCall, MethodError, MethodReply, MAX_PENDING};
 use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIRY};
@@ -97,8 +97,8 @@ pub async fn run<S>(
         _ = stop.cancelled() => return,
         r = mqtt.authenticate(&creds) => r,
     };
-    let id = match id {
-        Ok(id) => id,
+    let login = match id {
+        Ok(login) => login,
         Err(r) => {
             metrics::counter!("twinhub_mqtt_connects_total", "result" => r.label()).increment(1);
             tracing::info!(%peer, client_id, version = ?codec.version(), "CONNECT refused: {r}");
@@ -112,7 +112,7 @@ pub async fn run<S>(
         tracing::debug!(client_id, "ignoring the CONNECT's will: IoT Hub does not support wills");
     }
     let span = tracing::info_span!("mqtt", client_id = %client_id, %peer);
-    let hello = Authenticated { connect, props, id, permit };
+    let hello = Authenticated { connect, props, login, permit };
     Connection::start(mqtt, codec, hello, rd, wr, buf, stop).instrument(span).await
 }
 
@@ -163,7 +163,7 @@ async fn refuse_raw<W: AsyncWrite + Unpin>(wr: &mut W, bytes: &[u8]) {
 struct Authenticated {
     connect: rumqttd::protocol::Connect,
     props: Option<rumqttd::protocol::ConnectProperties>,
-    id: TwinId,
+    login: Login,
     /// Still unauthenticated: it becomes authenticated once CONNACK 0 is on its way.
     permit: ConnPermit,
 }
@@ -259,7 +259,8 @@ impl Connection {
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let limits = mqtt.limits.clone();
-        let Authenticated { connect, props, id, mut permit } = hello;
+        let Authenticated { connect, props, login, mut permit } = hello;
+        let id = login.id;
         let v5 = codec.version() == Version::V5;
         let (expiry, expiry_capped) = match (v5, connect.clean_session) {
             (false, true) => (Duration::ZERO, false),
@@ -283,7 +284,7 @@ impl Connection {
             true => restore_stored_session(&mqtt, &id, &attached.session).await.unwrap_or(attached.present),
             false => false,
         };
-        if !persistent {
+        if !persistent && login.stored_subscriptions {
             // Before CONNACK, so that a persistent connect right after this one cannot find them.
             discard_stored_session(&mqtt, &id).await;
         }
@@ -785,16 +786,12 @@ async fn restore_stored_session(mqtt: &Mqtt, id: &TwinId, session: &Arc<Mutex<Se
     Some(!stored.is_empty())
 }
 
-/// A clean session discards what a persistent one stored (read first: most clean devices have none,
-/// and a read costs less than a write).
+/// A clean session discards what a persistent one stored (called only when the login's read found
+/// stored subscriptions: most clean devices have none, and a read costs less than a write).
 async fn discard_stored_session(mqtt: &Mqtt, id: &TwinId) {
-    if let Ok(Some(c)) = mqtt.twins.credentials(id).await {
-        if !c.subscriptions.is_empty() {
-            let cmd = Command::new(Op::SetSubscriptions { id: id.clone(), filters: Vec::new() }, now_ms());
-            if let Err(e) = mqtt.twins.write(id, cmd).await {
-                tracing::warn!("stored session not discarded: {e}");
-            }
-        }
+    let cmd = Command::new(Op::SetSubscriptions { id: id.clone(), filters: Vec::new() }, now_ms());
+    if let Err(e) = mqtt.twins.write(id, cmd).await {
+        tracing::warn!("stored session not discarded: {e}");
     }
 }
 

@@ -107,6 +107,10 @@ pub struct Credentials {
     /// The persistent MQTT session's subscriptions (see `Op::SetSubscriptions`).
     #[serde(default)]
     pub subscriptions: Vec<(String, u8)>,
+    /// `authentication.type` of the identity (`sas`, `selfSigned`, `certificateAuthority`, `none`),
+    /// so a CONNECT decides how it may log in from this one read.
+    #[serde(default)]
+    pub auth_type: String,
 }
 
 /// Counts for `GET /statistics/devices`.
@@ -396,6 +400,7 @@ impl ShardState {
             secondary_key: identity.auth.secondary_key.clone(),
             enabled: dev.status == Status::Enabled,
             subscriptions: identity.subscriptions.clone(),
+            auth_type: identity.auth.auth_type.clone(),
         })
     }
 

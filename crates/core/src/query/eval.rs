@@ -78,7 +78,7 @@ impl<'a> Scalar<'a> {
         match (self, other) {
             (Scalar::Null, Scalar::Null) => Some(Ordering::Equal),
             (Scalar::Bool(x), Scalar::Bool(y)) => Some(x.cmp(y)),
-            (Scalar::Num(x), Scalar::Num(y)) => x.cmp(*y),
+            (Scalar::Num(x), Scalar::Num(y)) => x.compare(*y),
             (Scalar::Str(x), Scalar::Str(y)) => Some(x.encode_utf16().cmp(y.encode_utf16())),
             _ => None,
         }

@@ -40,7 +40,7 @@ impl Num {
         }
     }
 
-    pub fn cmp(self, other: Num) -> Option<Ordering> {
+    pub fn compare(self, other: Num) -> Option<Ordering> {
         match (self, other) {
             (Num::I(a), Num::I(b)) => Some(a.cmp(&b)),
             (a, b) => a.f64().partial_cmp(&b.f64()),
@@ -159,7 +159,7 @@ mod tests {
         let b: Value = serde_json::from_str("1").unwrap();
         assert_ne!(a, b, "arbitrary_precision keeps the text");
         assert_eq!(canonical(&a), canonical(&b));
-        assert_eq!(Num::of(&a).unwrap().cmp(Num::of(&b).unwrap()), Some(Ordering::Equal));
+        assert_eq!(Num::of(&a).unwrap().compare(Num::of(&b).unwrap()), Some(Ordering::Equal));
         assert_eq!(canonical(&json!({"b":1.0,"a":[2.0]})).to_string(), r#"{"a":[2],"b":1}"#);
     }
 }
