@@ -101,6 +101,50 @@ pub struct UpArgs {
     /// Runtime threads of every node [default: the node's, one per CPU core]
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// A node option for every node's config file, as `key=value` in the file's TOML form
+    /// (`max_connections_mqtt=17000`); repeatable. Load generators that simulate a fleet from one
+    /// machine use it to lift per-source and per-listener bounds.
+    #[arg(long = "node-option", value_name = "KEY=VALUE", value_parser = parse_node_option)]
+    pub node_options: Vec<(String, String)>,
+}
+
+/// A `key=value` node option: the key as the config file spells it, the value one TOML value.
+fn parse_node_option(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("'{s}': expected KEY=VALUE"))?;
+    let (k, v) = (k.trim(), v.trim());
+    if k.is_empty() || !k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+        return Err(format!("'{k}': a node option key is lowercase letters, digits and '_'"));
+    }
+    const WRITTEN: [&str; 19] = [
+        "node_id",
+        "data_dir",
+        "hostname",
+        "http_listen",
+        "mqtt_listen",
+        "mqtt_plain_listen",
+        "events_listen",
+        "shard_count",
+        "tls_cert",
+        "tls_key",
+        "worker_threads",
+        "cluster_listen",
+        "cluster_secret",
+        "peers",
+        "join",
+        "raft_heartbeat_ms",
+        "cluster_ca",
+        "cluster_cert",
+        "cluster_key",
+    ];
+    if WRITTEN.contains(&k) {
+        return Err(format!("'{k}' is set by `twinhub cluster` itself"));
+    }
+    let probe = format!("{k} = {v}");
+    probe.parse::<toml::Table>().map_err(|e| format!("'{v}' is not one TOML value: {e}"))?;
+    if v.contains('\n') {
+        return Err(format!("'{v}': one line only"));
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +177,9 @@ pub struct ClusterFile {
     /// Runtime threads the nodes were configured with (`None`: the node default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_threads: Option<usize>,
+    /// Extra `key = value` lines of every node's config file (`cluster up --node-option`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_options: Vec<(String, String)>,
     pub nodes: Vec<NodeEntry>,
 }
 
@@ -274,6 +321,7 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
         removed: Vec::new(),
         raft_heartbeat_ms: a.raft_heartbeat_ms,
         worker_threads: a.worker_threads,
+        node_options: a.node_options.clone(),
     };
     for (i, id) in ids.iter().enumerate() {
         let entry = prepare_node(&dir, &file, *id, &ports[i * 5..i * 5 + 5], &peers, None, &policies_json)?;
@@ -350,7 +398,7 @@ fn prepare_node(
          events_listen = \"{events}\"\n\
          shard_count = {shards}\n\
          tls_cert = {cert:?}\n\
-         tls_key = {key:?}\n{threads}{cluster}",
+         tls_key = {key:?}\n{threads}{options}{cluster}",
         data = data_dir.display().to_string(),
         hostname = file.hostname,
         http = entry.http,
@@ -361,6 +409,7 @@ fn prepare_node(
         cert = file.cert.display().to_string(),
         key = file.key.display().to_string(),
         threads = file.worker_threads.map(|n| format!("worker_threads = {n}\n")).unwrap_or_default(),
+        options = file.node_options.iter().map(|(k, v)| format!("{k} = {v}\n")).collect::<String>(),
         cluster = if peers.len() > 1 || join.is_some() {
             let join = join.map(|j| format!("join = \"{j}\"\n")).unwrap_or_default();
             let hb = file.raft_heartbeat_ms.map(|h| format!("raft_heartbeat_ms = {h}\n")).unwrap_or_default();
@@ -859,5 +908,23 @@ fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, js
             t(&s["commit_index"]),
             t(&s["lag"])
         );
+    }
+}
+
+#[cfg(test)]
+mod node_option_tests {
+    use super::parse_node_option;
+
+    #[test]
+    fn node_options_are_one_toml_value_under_a_key_cluster_does_not_write() {
+        assert_eq!(
+            parse_node_option("max_connections_mqtt=17000"),
+            Ok(("max_connections_mqtt".into(), "17000".into()))
+        );
+        assert_eq!(parse_node_option(" hostname_x = \"a\" "), Ok(("hostname_x".into(), "\"a\"".into())));
+        for bad in ["no_equals", "=1", "Bad=1", "a b=1", "node_id=4", "peers=\"x\"", "x=1\ny=2", "x=not toml", "x=1 2"]
+        {
+            assert!(parse_node_option(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -43,10 +43,16 @@ impl TwinhubCluster {
     /// `twinhub cluster up --nodes N --dir DIR --shard-count S [--worker-threads T]`
     /// ([`node_worker_threads`]).
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
+        TwinhubCluster::up_with(bin, nodes, shards, &[])
+    }
+
+    /// [`TwinhubCluster::up`] with more `twinhub cluster up` options for every node.
+    pub fn up_with(bin: &Path, nodes: usize, shards: u32, extra: &[String]) -> anyhow::Result<TwinhubCluster> {
         let dir = TempDir::new("twinhub-bench-twinhub")?;
         let version = procs::first_line(bin, &["--version"]);
-        let threads_args: Vec<String> =
+        let mut threads_args: Vec<String> =
             node_worker_threads().map(|t| vec!["--worker-threads".to_string(), t.to_string()]).unwrap_or_default();
+        threads_args.extend(extra.iter().cloned());
         eprintln!(
             "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} {}--dir {}",
             bin.display(),

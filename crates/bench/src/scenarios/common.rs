@@ -17,11 +17,21 @@ pub enum Cluster {
 impl Cluster {
     /// `--cluster FILE` uses that cluster; otherwise 3 nodes are started with `--bin` (or the default).
     pub fn get(cluster: Option<&Path>, bin: Option<&Path>, shards: u32) -> anyhow::Result<Cluster> {
+        Cluster::get_with(cluster, bin, shards, &[])
+    }
+
+    /// [`Cluster::get`]; a cluster started here gets `extra` `twinhub cluster up` options.
+    pub fn get_with(
+        cluster: Option<&Path>,
+        bin: Option<&Path>,
+        shards: u32,
+        extra: &[String],
+    ) -> anyhow::Result<Cluster> {
         match cluster {
             Some(p) => Ok(Cluster::Existing(Hub::load(p)?)),
             None => {
                 let bin = default_bin(bin)?;
-                Ok(Cluster::Own(TwinhubCluster::up(&bin, 3, shards)?))
+                Ok(Cluster::Own(TwinhubCluster::up_with(&bin, 3, shards, extra)?))
             }
         }
     }

@@ -186,7 +186,18 @@ pub async fn run(o: StormOpts) -> anyhow::Result<Value> {
     // Before the cluster starts, so that the nodes (our children) inherit it too.
     let nofile = procs::raise_nofile(o.devices as u64 * 2 + 16_384);
     eprintln!("RLIMIT_NOFILE now {nofile}");
-    let cluster = Cluster::get(o.cluster.as_deref(), o.bin.as_deref(), o.shards)?;
+    // Every simulated device connects from this one machine and address, like a fleet behind one
+    // NAT, to 3 nodes sharing it. A cluster started here is configured for that (an existing cluster
+    // must be, by its operator): the whole in-flight window may come from one source (the default,
+    // 64 unauthenticated connections per source and listener, is for hubs facing the internet), and
+    // each node takes its third of the devices even where the descriptor limit (`ulimit -Hn`) would
+    // give its MQTT listener less by default (the node then warns that its caps exceed the limit).
+    let node_options = [
+        format!("max_unauthenticated_per_source={}", o.connect_concurrency.max(64)),
+        format!("max_connections_mqtt={}", o.devices.div_ceil(3) + 256),
+    ];
+    let extra: Vec<String> = node_options.into_iter().flat_map(|opt| ["--node-option".to_string(), opt]).collect();
+    let cluster = Cluster::get_with(o.cluster.as_deref(), o.bin.as_deref(), o.shards, &extra)?;
     let r = run_on(&o, &cluster, nofile).await;
     cluster.down();
     let v = r?;
