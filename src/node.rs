@@ -63,9 +63,22 @@ pub struct Listen {
     pub cluster: Option<SocketAddr>,
 }
 
+/// Listen backlog of every listener (the kernel caps it at `net.core.somaxconn`). A fleet reconnecting
+/// after an outage arrives faster than a busy node accepts; connections that find the accept queue
+/// full are dropped by the kernel and retried by the client only after 1 s, then 3 s. tokio's default
+/// (1,024) overflowed in the 50,000-device connect storm on a saturated 2-core machine.
+const LISTEN_BACKLOG: u32 = 8192;
+
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| NodeError::Bind { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| NodeError::Bind { addr, source })?;
+    let err = |source| NodeError::Bind { addr, source };
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4() } else { tokio::net::TcpSocket::new_v6() }.map_err(err)?;
+    // What `TcpListener::bind` does on Unix: a restarted node may rebind a port in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true).map_err(err)?;
+    socket.bind(addr).map_err(err)?;
+    let listener = socket.listen(LISTEN_BACKLOG).map_err(err)?;
+    let bound = listener.local_addr().map_err(err)?;
     Ok((listener, bound))
 }
 
