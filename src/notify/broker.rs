@@ -180,8 +180,10 @@ fn start_rumqttd(mut server: Server<V4>, stop: oneshot::Receiver<()>) -> Result<
 
 /// Publishes the change feed through a local link, on its own thread: rumqttd's link calls block on
 /// the router's channel, which must not stall a tokio worker.
-fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>) -> Result<(), BrokerError> {
-    let mut feed = hub.changes(None);
+fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>, gate: Arc<ConnGate>) -> Result<(), BrokerError> {
+    // A subscription lives on a client connection, and the gate counts a connection from before its
+    // CONNECT: with none open, no one can receive what would be published.
+    let mut feed = hub.changes_while(Arc::new(move || gate.open() > 0));
     std::thread::Builder::new()
         .name("twinhub-broker-feed".into())
         .spawn(move || {
@@ -250,7 +252,7 @@ pub async fn serve(
     let (server, link) = build_rumqttd(router_config, server);
     let (stop_server, server_stopped) = oneshot::channel();
     start_rumqttd(server, server_stopped)?;
-    start_feed(hub.clone(), link)?;
+    start_feed(hub.clone(), link, gate.clone())?;
     tracing::info!(public = ?listener.local_addr().ok(), %internal, "event broker ready");
 
     let relay = Arc::new(Gate {

@@ -155,8 +155,13 @@ enum Mode {
     Live,
 }
 
+/// Whether a consumer's reader can see live changes at all right now (see [`Hub::changes_while`]).
+pub type Listening = Arc<dyn Fn() -> bool + Send + Sync>;
+
 struct Consumer {
     filter: FeedFilter,
+    /// Live changes are skipped while this says no one can see them (no copy, no queueing).
+    listening: Option<Listening>,
     mode: Mode,
     queue: FeedQueue,
     /// A resync to deliver before anything else: (position, reason).
@@ -400,6 +405,13 @@ impl Hub {
         let mut st = lock(&self.feed);
         let mut published = 0u64;
         let (mut merged, mut superseded, mut overflows) = (0u64, 0u64, 0u64);
+        // Asked once per batch: a reader that starts listening during it sees the next one.
+        let deaf: Vec<u64> = st
+            .consumers
+            .iter()
+            .filter(|(_, c)| c.listening.as_ref().is_some_and(|l| !l()))
+            .map(|(id, _)| *id)
+            .collect();
         for u in changes {
             st.seq += 1;
             let seq = st.seq;
@@ -418,8 +430,8 @@ impl Hub {
                 }
             }
             published += 1;
-            for c in st.consumers.values_mut() {
-                if !matches!(c.mode, Mode::Live) || !c.filter.matches(&change.twin) {
+            for (id, c) in st.consumers.iter_mut() {
+                if !matches!(c.mode, Mode::Live) || !c.filter.matches(&change.twin) || deaf.contains(id) {
                     continue;
                 }
                 match c.queue.offer(change.clone()) {
@@ -499,6 +511,18 @@ impl Hub {
         self.changes_filtered(last_event_id, FeedFilter::default())
     }
 
+    /// A live consumer of every change that skips the changes published while `listening` says no
+    /// one downstream can see them: the event broker forwards changes to MQTT subscribers, who only
+    /// ever receive what is published after they subscribe, so while no client is connected to it
+    /// there is nothing to copy, queue or serialize.
+    pub fn changes_while(self: &Arc<Self>, listening: Listening) -> ChangeFeed {
+        let feed = self.changes(None);
+        if let Some(c) = lock(&self.feed).consumers.get_mut(&feed.id) {
+            c.listening = Some(listening);
+        }
+        feed
+    }
+
     /// Like [`Hub::changes`], only for the twins `filter` selects (resuming skips the others too).
     pub fn changes_filtered(self: &Arc<Self>, last_event_id: Option<&str>, filter: FeedFilter) -> ChangeFeed {
         let notify = Arc::new(Notify::new());
@@ -517,7 +541,14 @@ impl Hub {
         let id = st.next_id;
         st.consumers.insert(
             id,
-            Consumer { filter, mode, queue: FeedQueue::new(self.config.feed_queue), resync, notify: notify.clone() },
+            Consumer {
+                filter,
+                listening: None,
+                mode,
+                queue: FeedQueue::new(self.config.feed_queue),
+                resync,
+                notify: notify.clone(),
+            },
         );
         let n = st.consumers.len();
         drop(st);

@@ -698,3 +698,24 @@ async fn a_tail_gap_resyncs_every_consumer_instead_of_skipping_silently() {
     assert_eq!(next_event(&mut f).await.device_id, "d2");
     assert_idle(f.next()).await;
 }
+
+#[tokio::test]
+async fn a_consumer_that_cannot_be_heard_skips_changes_until_someone_listens() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let hub = hub();
+    let listening = Arc::new(AtomicBool::new(false));
+    let l = listening.clone();
+    let mut f = hub.changes_while(Arc::new(move || l.load(Ordering::SeqCst)));
+    let mut all = hub.changes(None);
+    let (a, b) = (TwinId::device("a"), TwinId::device("b"));
+    hub.publish(0, &[tags_change(&a, 2, json!({"k": 1}))]);
+    assert_idle(f.next()).await;
+    listening.store(true, Ordering::SeqCst);
+    hub.publish(0, &[tags_change(&b, 2, json!({"k": 2}))]);
+    let e = next_event(&mut f).await;
+    assert_eq!(e.body["tags"], json!({"k": 2}), "only what was published while listening");
+    assert!(e.position.ends_with("-2"), "positions still count every change: {}", e.position);
+    // Other consumers saw both.
+    assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 1}));
+    assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 2}));
+}
