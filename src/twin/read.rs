@@ -12,7 +12,7 @@ use super::view::TwinView;
 use crate::ids::TwinId;
 use crate::model::tag_index::IndexValue;
 use crate::model::{Credentials, DeviceStats, ShardState, TwinError, TwinRef};
-use crate::query::{self, Collection, Fields, Num, Partial, PartialState, Query, RowKey, Seg};
+use crate::query::{self, Collection, Fields, Partial, PartialState, Query, RowKey, Scalar, Seg};
 use crate::shard::{Shard, ShardError};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -214,13 +214,13 @@ fn indexed<'a>(
     best.map(|(_, twins)| Box::new(twins.map(Candidate::Twin)) as Box<dyn Iterator<Item = Candidate<'a>> + 'a>)
 }
 
-/// The tag index's key of a query constant, if it has one.
+/// The tag index's key of a query constant, if it has one (tags never hold `null`).
 fn index_value(v: &Value) -> Option<IndexValue> {
-    match v {
-        Value::Bool(b) => Some(IndexValue::Bool(*b)),
-        Value::Number(_) => Num::of(v).map(|n| IndexValue::number(n.f64())),
-        Value::String(s) => IndexValue::string(s),
-        _ => None,
+    match Scalar::borrowed(v)? {
+        Scalar::Bool(b) => Some(IndexValue::Bool(b)),
+        Scalar::Num(n) => Some(IndexValue::number(n.f64())),
+        Scalar::Str(s) => IndexValue::string(&s),
+        Scalar::Null => None,
     }
 }
 
