@@ -221,6 +221,9 @@ pub enum BenchCommand {
         /// Restart with SIGKILL instead of SIGTERM.
         #[arg(long)]
         kill9: bool,
+        /// Give every twin three tags (those of the query bench: building, battery, jobgroup).
+        #[arg(long)]
+        tags: bool,
         /// Stop creating twins early when the machine's MemAvailable falls below this (MB).
         #[arg(long, default_value_t = 4096)]
         min_available_mb: u64,
@@ -405,9 +408,11 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
                 concurrency,
                 no_restart,
                 kill9,
+                tags,
                 min_available_mb,
                 out,
             } => memory::run(memory::MemoryOpts {
+                tags,
                 min_available_mb,
                 bin,
                 shards: shard_count,

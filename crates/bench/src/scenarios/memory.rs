@@ -23,6 +23,8 @@ pub struct MemoryOpts {
     pub concurrency: usize,
     pub restart: bool,
     pub kill9: bool,
+    /// Give every twin the query bench's three tags (`building`, `battery`, `jobgroup`).
+    pub tags: bool,
     /// Stop creating twins when the machine's MemAvailable falls below this.
     pub min_available_mb: u64,
     pub out: PathBuf,
@@ -102,11 +104,19 @@ fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
         .collect()
 }
 
-/// Creates `keys` with one desired value each (`{"fb": value}`, as the update benches write) through
-/// bulk registry calls of 100, `concurrency` calls at a time. Returns (seconds, failed calls).
+/// The tags the query bench gives twin `i` (with `--tags`).
+fn tags_of(i: usize) -> Value {
+    json!({"building": i % 100, "battery": (i / 100) % 50, "jobgroup": false})
+}
+
+/// Creates `keys` (twins `first`, `first + 1`, …) with one desired value each (`{"fb": value}`, as the
+/// update benches write) and, if `tags`, [`tags_of`] through bulk registry calls of 100, `concurrency`
+/// calls at a time. Returns (seconds, failed calls).
 async fn bulk_populate(
     hub: &crate::hub::Hub,
     keys: &[String],
+    first: usize,
+    tags: bool,
     value: SizeDist,
     concurrency: usize,
 ) -> anyhow::Result<(f64, u64)> {
@@ -127,10 +137,12 @@ async fn bulk_populate(
                 let Some(ids) = chunks.get(i) else { return };
                 let entries: Vec<BulkDevice> = ids
                     .iter()
-                    .map(|id| {
+                    .enumerate()
+                    .map(|(j, id)| {
                         let v = crate::value::make(0, 0, value.sample(&mut rng));
                         let desired = serde_json::from_str::<Value>(&v).ok().map(|v| json!({"fb": v}));
-                        BulkDevice { id: id.clone(), key: twinhub::auth::generate_key(), tags: None, desired }
+                        let tags = tags.then(|| tags_of(first + i * BULK + j));
+                        BulkDevice { id: id.clone(), key: twinhub::auth::generate_key(), tags, desired }
                     })
                     .collect();
                 let mut ok = false;
@@ -166,7 +178,13 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     let before = per_node(&pids);
     let target = Twinhub { hub: cluster.hub.clone() };
     let keys: Arc<Vec<String>> = Arc::new((0..o.twins).map(|i| target.key(i)).collect());
-    eprintln!("creating {} devices with one desired value of {} B each through bulk registry calls of 100, {} calls at a time", o.twins, o.value, o.concurrency);
+    eprintln!(
+        "creating {} devices with one desired value of {} B each{} through bulk registry calls of 100, {} calls at a time",
+        o.twins,
+        o.value,
+        if o.tags { " and three tags" } else { "" },
+        o.concurrency
+    );
     // In steps, watching the machine: stop early rather than push it into the OOM killer.
     let step = (o.twins / 20).clamp(1_000, 50_000);
     let mut done = 0usize;
@@ -177,7 +195,7 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     while done < o.twins {
         let end = (done + step).min(o.twins);
         let chunk: Arc<Vec<String>> = Arc::new(keys[done..end].to_vec());
-        let (s, e) = bulk_populate(&cluster.hub, &chunk, o.value, o.concurrency).await?;
+        let (s, e) = bulk_populate(&cluster.hub, &chunk, done, o.tags, o.value, o.concurrency).await?;
         populate_s += s;
         populate_errors += e;
         done = end;
@@ -205,7 +223,20 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     let bytes_per_twin: Vec<f64> =
         before.iter().zip(&after).map(|(b, a)| (a - b) * 1024.0 * 1024.0 / twins_done.max(1) as f64).collect();
     let mean_bpt = bytes_per_twin.iter().sum::<f64>() / bytes_per_twin.len().max(1) as f64;
-    println!("\nmemory: {twins_done} twins (values {} B) on 3 nodes, each node a replica of every shard", o.value);
+    // What "above the twins' JSON" is measured against: one twin as the service API renders it.
+    let json_bytes = match cluster.hub.client(0).get_twin(&key_of(twins_done / 2)).await {
+        Ok(t) => t.to_string().len(),
+        Err(e) => anyhow::bail!("reading a twin back: {e}"),
+    };
+    println!(
+        "\nmemory: {twins_done} twins (values {} B{}) on 3 nodes, each node a replica of every shard",
+        o.value,
+        if o.tags { ", three tags" } else { "" }
+    );
+    println!(
+        "  a twin's JSON (service API): {json_bytes} B; RSS per twin above it: {:.0} B (mean of the nodes)",
+        mean_bpt - json_bytes as f64
+    );
     if let Some(s) = &stopped_early {
         println!("  {s}");
     }
@@ -222,7 +253,7 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
         "scenario": "(e) memory per twin",
         "target": "twinhub",
         "version": cluster.version,
-        "config": {"twins": o.twins, "value_bytes": o.value.to_string(), "concurrency": o.concurrency, "shard_count": o.shards,
+        "config": {"twins": o.twins, "value_bytes": o.value.to_string(), "tags": o.tags, "concurrency": o.concurrency, "shard_count": o.shards,
                    "machine": crate::compare::machine()},
         "twins_requested": o.twins,
         "twins": twins_done,
@@ -236,6 +267,7 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
         "rss_after_mb": after,
         "bytes_per_twin_per_node": bytes_per_twin,
         "bytes_per_twin_mean": mean_bpt,
+        "twin_json_bytes": json_bytes,
         "data_dir_mb": data_mb,
     });
     if o.restart {

@@ -2,6 +2,7 @@
 //! first and writes only once nothing can fail any more, so a rejected command changes nothing.
 
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
 use super::doc::{replace_diff, Node};
@@ -121,10 +122,10 @@ impl ShardState {
                 Ok(Reply::Done)
             }
             Op::PutDeviceWithParent { device, parent_scope, if_match } => {
-                let reply = self.put_device(cmd, device, if_match.as_ref(), events)?;
+                self.write_device(cmd, device, if_match.as_ref(), events)?;
                 let entry = self
                     .devices
-                    .get_mut(&device.device_id)
+                    .get_mut(device.device_id.as_str())
                     .ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
                 let parents: Vec<String> = parent_scope.iter().cloned().collect();
                 if entry.iot_edge {
@@ -133,10 +134,7 @@ impl ShardState {
                     entry.scopes =
                         super::registry::Scopes { device_scope: parent_scope.clone(), parent_scopes: parents };
                 }
-                Ok(match reply {
-                    Reply::Device(_) => Reply::Device(entry.render(&device.device_id)),
-                    other => other,
-                })
+                Ok(Reply::Device(entry.render(&device.device_id)))
             }
             Op::ApplyConfiguration { device_id, marks, apply } => {
                 self.apply_configuration(device_id, marks, apply.as_ref(), at, events)
@@ -145,7 +143,7 @@ impl ShardState {
                 if let Some(row) = self.device_jobs.get(job_id).and_then(|rows| rows.get(device_id)) {
                     return Ok(Reply::Claim { claimed: false, running: row.running });
                 }
-                let exists = self.devices.contains_key(device_id);
+                let exists = self.devices.contains_key(device_id.as_str());
                 let row = super::jobs::DeviceJobRow {
                     job_type: job_type.clone(),
                     succeeded: false,
@@ -190,7 +188,8 @@ impl ShardState {
     }
 
     pub(super) fn twin_doc(&self, id: &TwinId) -> Result<&TwinDoc, TwinError> {
-        let dev = self.devices.get(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        let dev =
+            self.devices.get(id.device_id.as_str()).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&dev.twin),
             Some(m) => dev.modules.get(m).map(|m| &m.twin).ok_or_else(|| not_found(id)),
@@ -198,7 +197,10 @@ impl ShardState {
     }
 
     fn twin_doc_mut(&mut self, id: &TwinId) -> Result<&mut TwinDoc, TwinError> {
-        let dev = self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        let dev = self
+            .devices
+            .get_mut(id.device_id.as_str())
+            .ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.twin),
             Some(m) => dev.modules.get_mut(m).map(|m| &mut m.twin).ok_or_else(|| not_found(id)),
@@ -209,15 +211,18 @@ impl ShardState {
     /// before the twin takes them; module twins are not indexed).
     fn retag(&mut self, id: &TwinId, new: &Node) {
         if id.module_id.is_none() {
-            if let Some(dev) = self.devices.get(&id.device_id) {
-                self.tag_index.remove(&id.device_id, &dev.twin.tags);
-                self.tag_index.add(&id.device_id, new);
+            if let Some((key, dev)) = self.devices.get_key_value(id.device_id.as_str()) {
+                self.tag_index.remove(key, &dev.twin.tags);
+                self.tag_index.add(key, new);
             }
         }
     }
 
     fn identity_mut(&mut self, id: &TwinId) -> Result<&mut Identity, TwinError> {
-        let dev = self.devices.get_mut(&id.device_id).ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
+        let dev = self
+            .devices
+            .get_mut(id.device_id.as_str())
+            .ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.identity),
             Some(m) => dev.modules.get_mut(m).map(|m| &mut m.identity).ok_or_else(|| not_found(id)),
@@ -231,6 +236,21 @@ impl ShardState {
         if_match: Option<&IfMatch>,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        let id = spec.device_id.as_str();
+        self.write_device(cmd, spec, if_match, events)?;
+        let entry = self.devices.get(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
+        Ok(Reply::Device(entry.render(id)))
+    }
+
+    /// Creates or overwrites a device identity without rendering it: a bulk entry answers only its
+    /// error, and rendering a device it does not answer was a large part of a bulk load's apply.
+    pub(super) fn write_device(
+        &mut self,
+        cmd: &Command,
+        spec: &DeviceSpec,
+        if_match: Option<&IfMatch>,
+        events: &mut Vec<Event>,
+    ) -> Result<(), TwinError> {
         let id = spec.device_id.as_str();
         validate_id("device", id)?;
         match (self.devices.get(id), if_match) {
@@ -255,10 +275,10 @@ impl ShardState {
                     op_type: "createDeviceIdentity".into(),
                     body: entry.render_twin(id, None),
                 });
-                let doc = entry.render(id);
-                self.tag_index.add(id, &entry.twin.tags);
-                self.devices.insert(id.to_string(), entry);
-                Ok(Reply::Device(doc))
+                let id: Arc<str> = id.into();
+                self.tag_index.add(&id, &entry.twin.tags);
+                self.devices.insert(id, Box::new(entry));
+                Ok(())
             }
             (Some(existing), Some(im)) => {
                 check_if_match(Some(im), existing.identity.etag, &format!("device {id}"))?;
@@ -273,7 +293,7 @@ impl ShardState {
                 set_edge_scope(entry, id, cmd);
                 entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
                 entry.identity.etag = etag;
-                Ok(Reply::Device(entry.render(id)))
+                Ok(())
             }
         }
     }

@@ -41,7 +41,8 @@ impl ShardState {
             Some(a) => self.devices.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
             None => self.devices.range::<str, _>(..),
         };
-        let devices: BTreeMap<String, DeviceEntry> = range.take(limit).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let devices: BTreeMap<String, DeviceEntry> =
+            range.take(limit).map(|(k, v)| (k.to_string(), (**v).clone())).collect();
         let mut device_jobs: DeviceJobs = BTreeMap::new();
         for (job, rows) in &self.device_jobs {
             let mine: BTreeMap<_, _> =
@@ -58,9 +59,10 @@ impl ShardState {
     pub fn restore_page(&mut self, page: &BackupPage) -> usize {
         let mut inserted = 0;
         for (id, entry) in &page.devices {
-            if !self.devices.contains_key(id) {
-                self.tag_index.add(id, &entry.twin.tags);
-                self.devices.insert(id.clone(), entry.clone());
+            if !self.devices.contains_key(id.as_str()) {
+                let key: std::sync::Arc<str> = id.as_str().into();
+                self.tag_index.add(&key, &entry.twin.tags);
+                self.devices.insert(key, Box::new(entry.clone()));
                 inserted += 1;
                 for (job, rows) in &page.device_jobs {
                     if let Some(row) = rows.get(id) {

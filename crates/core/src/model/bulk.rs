@@ -128,8 +128,10 @@ impl ShardState {
                     _ => self.sections_patch(Some(&e.id), e)?,
                 };
                 match identity {
-                    Identity::Device(d) => self.put_device(cmd, d, if_match.as_ref(), events)?,
-                    Identity::Module(m) => self.put_module(cmd, m, if_match.as_ref(), events)?,
+                    Identity::Device(d) => self.write_device(cmd, d, if_match.as_ref(), events)?,
+                    Identity::Module(m) => {
+                        self.put_module(cmd, m, if_match.as_ref(), events)?;
+                    }
                 };
                 if let Some(p) = patch {
                     self.patch_twin(&e.id, &p, None, cmd.timestamp_ms, events)?;

@@ -23,7 +23,7 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum NodeValue {
     /// Members in insertion order (what clients sent first renders first).
-    Object(Vec<(Box<str>, Node)>),
+    Object(#[serde(deserialize_with = "tight_members")] Vec<(Box<str>, Node)>),
     Bool(bool),
     /// The number's exact text (serde_json's `arbitrary_precision`), so nothing is rounded.
     Number(Box<str>),
@@ -46,20 +46,14 @@ impl Node {
             Value::Number(n) => NodeValue::Number(n.to_string().into_boxed_str()),
             Value::String(s) => NodeValue::String(s.as_str().into()),
             Value::Array(_) => NodeValue::Array(Box::new(v.clone())),
-            Value::Object(m) => NodeValue::Object(
-                m.iter()
-                    .filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n)))
-                    .collect(),
-            ),
+            Value::Object(m) => NodeValue::Object(members_of(m, at, version)),
         };
         Some(Node { value, updated: at, updated_version: version })
     }
 
     /// A section built from an object (a replace): the section itself is stamped too.
     pub fn section_from_map(m: &Map<String, Value>, at: i64, version: i64) -> Node {
-        let members =
-            m.iter().filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n))).collect();
-        Node { value: NodeValue::Object(members), updated: at, updated_version: version }
+        Node { value: NodeValue::Object(members_of(m, at, version)), updated: at, updated_version: version }
     }
 
     pub fn members(&self) -> &[(Box<str>, Node)] {
@@ -110,6 +104,7 @@ impl Node {
                 }
             }
         }
+        members.shrink_to_fit();
     }
 
     /// The plain JSON value, without metadata.
@@ -182,6 +177,23 @@ impl Node {
             NodeValue::Array(a) => super::validate::doc_size(a),
         }
     }
+}
+
+/// Members read from a snapshot, without the spare room a vector grown element by element keeps.
+fn tight_members<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(Box<str>, Node)>, D::Error> {
+    let mut members = Vec::<(Box<str>, Node)>::deserialize(d)?;
+    members.shrink_to_fit();
+    Ok(members)
+}
+
+/// The members of an object, in a vector of exactly their number: a twin lives in memory for as long
+/// as the fleet does, and a vector grown by pushing keeps room for four members (56 bytes each) where
+/// most objects have one or two.
+fn members_of(m: &Map<String, Value>, at: i64, version: i64) -> Vec<(Box<str>, Node)> {
+    let mut members: Vec<_> =
+        m.iter().filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n))).collect();
+    members.shrink_to_fit();
+    members
 }
 
 /// What a device must receive when desired is replaced: every member of `new` (unchanged ones too, as

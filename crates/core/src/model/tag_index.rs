@@ -17,6 +17,7 @@
 //! The index is derived state: it is not in snapshots and is rebuilt when a snapshot is decoded.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::doc::{Node, NodeValue};
 
@@ -58,17 +59,19 @@ fn path_key<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
     out
 }
 
+/// Device ids are the shard's own (`Arc<str>` shared with its device map): an entry costs a pointer,
+/// not a copy of the id.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TagIndex {
-    entries: HashMap<(String, IndexValue), BTreeSet<String>>,
+    entries: HashMap<(String, IndexValue), BTreeSet<Arc<str>>>,
 }
 
 impl TagIndex {
     /// Lists `device` under every indexed primitive of `tags`.
-    pub fn add(&mut self, device: &str, tags: &Node) {
+    pub fn add(&mut self, device: &Arc<str>, tags: &Node) {
         let entries = &mut self.entries;
         Self::keys_of(tags, &mut Vec::new(), &mut |key| {
-            entries.entry(key).or_default().insert(device.to_string());
+            entries.entry(key).or_default().insert(device.clone());
         });
     }
 
@@ -112,8 +115,8 @@ impl TagIndex {
         &'s self,
         path: impl ExactSizeIterator<Item = &'p str>,
         value: &IndexValue,
-    ) -> Option<&'s BTreeSet<String>> {
-        static EMPTY: BTreeSet<String> = BTreeSet::new();
+    ) -> Option<&'s BTreeSet<Arc<str>>> {
+        static EMPTY: BTreeSet<Arc<str>> = BTreeSet::new();
         if path.len() == 0 || path.len() > MAX_DEPTH {
             return None;
         }
@@ -135,16 +138,20 @@ mod tests {
         Node::section_from_map(&m, 1, 0)
     }
 
-    fn ids(set: Option<&BTreeSet<String>>) -> Vec<&str> {
-        set.expect("indexed").iter().map(String::as_str).collect()
+    fn ids(set: Option<&BTreeSet<Arc<str>>>) -> Vec<&str> {
+        set.expect("indexed").iter().map(|id| &**id).collect()
+    }
+
+    fn id(s: &str) -> Arc<str> {
+        s.into()
     }
 
     #[test]
     fn lists_devices_by_lowercased_path_and_numeric_value() {
         let mut idx = TagIndex::default();
-        idx.add("d2", &node(json!({"Building": 43, "loc": {"Floor": "2"}})));
-        idx.add("d1", &node(json!({"building": 43.0, "on": true, "arr": [1]})));
-        idx.add("d3", &node(json!({"building": 44})));
+        idx.add(&id("d2"), &node(json!({"Building": 43, "loc": {"Floor": "2"}})));
+        idx.add(&id("d1"), &node(json!({"building": 43.0, "on": true, "arr": [1]})));
+        idx.add(&id("d3"), &node(json!({"building": 44})));
         assert_eq!(ids(idx.candidates(["BUILDING"].into_iter(), &IndexValue::number(43.0))), ["d1", "d2"]);
         assert_eq!(ids(idx.candidates(["loc", "floor"].into_iter(), &IndexValue::Str("2".into()))), ["d2"]);
         assert_eq!(ids(idx.candidates(["on"].into_iter(), &IndexValue::Bool(true))), ["d1"]);
@@ -160,8 +167,8 @@ mod tests {
     fn removing_a_device_drops_it_and_empty_keys() {
         let mut idx = TagIndex::default();
         let tags = node(json!({"b": 1, "t": {"x": "y"}}));
-        idx.add("d1", &tags);
-        idx.add("d2", &tags);
+        idx.add(&id("d1"), &tags);
+        idx.add(&id("d2"), &tags);
         idx.remove("d1", &tags);
         assert_eq!(ids(idx.candidates(["b"].into_iter(), &IndexValue::number(1.0))), ["d2"]);
         idx.remove("d2", &tags);
