@@ -102,17 +102,15 @@ pub fn json_size(v: &Value) -> usize {
 /// The change event for a model event, or `None` for events that are not part of the change feed
 /// (desired patches go to devices). `now_ms` is the wall clock at publish: model events carry no time
 /// of their own, so `operationTimestamp` is when this node learnt of the commit.
-pub fn change_of(event: &Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> {
+pub fn change_of(event: Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> {
     let (id, source, op_type, body, kind) = match event {
         Event::TwinChanged { id, op_type, body, .. } => {
             let kind = if op_type == "replaceTwin" { Kind::Replace } else { Kind::Update };
-            (id, Source::TwinChangeEvents, op_type.clone(), body.clone(), kind)
+            (id, Source::TwinChangeEvents, op_type, body, kind)
         }
-        Event::Lifecycle { id, op_type, body } => {
-            (id, Source::DeviceLifecycleEvents, op_type.clone(), body.clone(), Kind::Lifecycle)
-        }
+        Event::Lifecycle { id, op_type, body } => (id, Source::DeviceLifecycleEvents, op_type, body, Kind::Lifecycle),
         Event::Connection { id, connected } => {
-            let op = if *connected { "deviceConnected" } else { "deviceDisconnected" };
+            let op = if connected { "deviceConnected" } else { "deviceDisconnected" };
             // The body's sequence number is filled in with the feed position.
             (id, Source::DeviceConnectionStateEvents, op.to_string(), Value::Null, Kind::Connection)
         }
@@ -132,8 +130,8 @@ pub fn change_of(event: &Event, hub_name: &str, now_ms: i64) -> Option<Unplaced>
         event: ChangeEvent {
             position: String::new(),
             source,
-            device_id: id.device_id.clone(),
-            module_id: id.module_id.clone(),
+            device_id: id.device_id,
+            module_id: id.module_id,
             properties,
             body,
             merged: 1,
@@ -160,7 +158,7 @@ mod tests {
             body: json!({"version": 3, "tags": {"a": 1}}),
             version: 3,
         };
-        let u = change_of(&e, "hub", 1_700_000_000_123).unwrap();
+        let u = change_of(e, "hub", 1_700_000_000_123).unwrap();
         assert_eq!(u.kind, Kind::Update);
         assert_eq!(
             u.event.properties,
@@ -179,22 +177,22 @@ mod tests {
         assert_eq!(j["body"]["tags"]["a"], 1);
         assert_eq!(j["merged"], 1);
 
-        let c = change_of(&Event::Connection { id: TwinId::device("d2"), connected: false }, "hub", 0).unwrap();
+        let c = change_of(Event::Connection { id: TwinId::device("d2"), connected: false }, "hub", 0).unwrap();
         assert_eq!(c.kind, Kind::Connection);
         assert_eq!(c.event.property("opType"), Some("deviceDisconnected"));
         assert_eq!(c.event.property("iothub-message-schema"), Some("deviceConnectionStateNotification"));
         assert_eq!(c.event.property("moduleId"), None);
 
         let l = Event::Lifecycle { id: TwinId::device("d3"), op_type: "deleteDeviceIdentity".into(), body: json!({}) };
-        let l = change_of(&l, "hub", 0).unwrap();
+        let l = change_of(l, "hub", 0).unwrap();
         assert_eq!((l.kind, l.event.source), (Kind::Lifecycle, Source::DeviceLifecycleEvents));
         assert_eq!(l.event.property("iothub-message-schema"), Some("deviceLifecycleNotification"));
 
         let r =
             Event::TwinChanged { id: TwinId::device("d"), op_type: "replaceTwin".into(), body: json!({}), version: 2 };
-        assert_eq!(change_of(&r, "hub", 0).unwrap().kind, Kind::Replace);
+        assert_eq!(change_of(r, "hub", 0).unwrap().kind, Kind::Replace);
         let p = Event::DesiredPatch { id: TwinId::device("d"), patch: json!({}), desired_version: 2 };
-        assert!(change_of(&p, "hub", 0).is_none());
+        assert!(change_of(p, "hub", 0).is_none());
         assert_eq!(connection_body(255)["sequenceNumber"].as_str().unwrap().len(), 64);
         assert!(connection_body(255)["sequenceNumber"].as_str().unwrap().ends_with("00FF"));
         assert_eq!(json_size(&json!({"a": [1, "x"]})), r#"{"a":[1,"x"]}"#.len());

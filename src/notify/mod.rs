@@ -361,15 +361,17 @@ impl Hub {
 
     /// Queues the events of one applied command. Never blocks: only short std-mutex critical sections
     /// (no I/O, no await); change bodies are built before the feed lock is taken.
-    pub fn publish(&self, _shard: ShardId, events: &[Event]) {
+    pub fn publish(&self, _shard: ShardId, events: Vec<Event>) {
         if self.closed.load(Ordering::Acquire) || events.is_empty() {
             return;
         }
         let now = crate::model::now_ms();
         let mut changes = Vec::new();
+        // By value: a change event takes the model event's body (a whole twin for lifecycle events)
+        // instead of a deep copy of it.
         for e in events {
             match e {
-                Event::DesiredPatch { id, patch, desired_version } => self.push_desired(id, patch, *desired_version),
+                Event::DesiredPatch { id, patch, desired_version } => self.push_desired(&id, &patch, desired_version),
                 other => changes.extend(event::change_of(other, &self.config.hub_name, now)),
             }
         }

@@ -213,7 +213,7 @@ impl Consumer {
 }
 
 fn feed_change(seq: u64, e: &Event) -> Option<Arc<Change>> {
-    let u = change_of(e, "hub", 0)?;
+    let u = change_of(e.clone(), "hub", 0)?;
     let mut ev = u.event;
     ev.position = format!("e-{seq}");
     if u.kind == Kind::Connection {
@@ -435,7 +435,7 @@ async fn desired_pushes_go_to_every_registration_of_the_identity_only() {
     let mut b = hub.desired_pushes(&d1);
     let mut other = hub.desired_pushes(&TwinId::module("d1", "m"));
     assert_eq!(hub.connected_devices(), 2);
-    hub.publish(0, &[desired(&d1, 2, json!({"x": 1}))]);
+    hub.publish(0, vec![desired(&d1, 2, json!({"x": 1}))]);
     for p in [&mut a, &mut b] {
         let got = next_push(p).await.unwrap();
         assert_eq!((got.version, got.merged), (2, 1));
@@ -455,13 +455,13 @@ async fn pending_pushes_coalesce_and_stale_versions_are_dropped() {
     let hub = hub();
     let d = TwinId::device("d");
     let mut p = hub.desired_pushes(&d);
-    hub.publish(0, &[desired(&d, 2, json!({"a": 1}))]);
-    hub.publish(0, &[desired(&d, 3, json!({"b": 1}))]);
-    hub.publish(0, &[desired(&d, 3, json!({"c": 1}))]);
+    hub.publish(0, vec![desired(&d, 2, json!({"a": 1}))]);
+    hub.publish(0, vec![desired(&d, 3, json!({"b": 1}))]);
+    hub.publish(0, vec![desired(&d, 3, json!({"c": 1}))]);
     let got = next_push(&mut p).await.unwrap();
     assert_eq!((got.version, got.merged), (3, 2));
     assert_eq!(serde_json::from_slice::<Value>(&got.body).unwrap(), json!({"a": 1, "b": 1, "$version": 3}));
-    hub.publish(0, &[desired(&d, 1, json!({"old": 1}))]);
+    hub.publish(0, vec![desired(&d, 1, json!({"old": 1}))]);
     assert_idle(p.next()).await;
 }
 
@@ -470,15 +470,15 @@ async fn push_overflow_ends_the_registration() {
     let hub = hub_with(|c| c.device_queue = 2);
     let d = TwinId::device("d");
     let mut p = hub.desired_pushes(&d);
-    hub.publish(0, &[desired(&d, 2, json!({"o": 1}))]);
-    hub.publish(0, &[desired(&d, 3, json!({"o": {"x": 1}}))]);
-    hub.publish(0, &[desired(&d, 4, json!({"o": null}))]);
-    hub.publish(0, &[desired(&d, 5, json!({"o": {"y": 1}}))]);
+    hub.publish(0, vec![desired(&d, 2, json!({"o": 1}))]);
+    hub.publish(0, vec![desired(&d, 3, json!({"o": {"x": 1}}))]);
+    hub.publish(0, vec![desired(&d, 4, json!({"o": null}))]);
+    hub.publish(0, vec![desired(&d, 5, json!({"o": {"y": 1}}))]);
     assert_eq!(next_push(&mut p).await, None);
     assert_eq!(next_push(&mut p).await, None);
     // A new connection of the same identity starts clean.
     let mut again = hub.desired_pushes(&d);
-    hub.publish(0, &[desired(&d, 6, json!({"z": 1}))]);
+    hub.publish(0, vec![desired(&d, 6, json!({"z": 1}))]);
     assert_eq!(next_push(&mut again).await.unwrap().version, 6);
 }
 
@@ -493,7 +493,7 @@ async fn close_wakes_every_waiter_with_none() {
     assert_eq!(tokio::time::timeout(Duration::from_secs(5), h1).await.unwrap().unwrap(), None);
     assert_eq!(tokio::time::timeout(Duration::from_secs(5), h2).await.unwrap().unwrap(), None);
     // Publishing after close is ignored, and new subscribers end at once.
-    hub.publish(0, &[tags_change(&TwinId::device("d"), 2, json!({}))]);
+    hub.publish(0, vec![tags_change(&TwinId::device("d"), 2, json!({}))]);
     assert_eq!(hub.changes(None).next().await, None);
 }
 
@@ -504,7 +504,7 @@ async fn change_events_carry_iot_hub_properties_and_positions() {
     let m = TwinId::module("d1", "m1");
     hub.publish(
         0,
-        &[
+        vec![
             Event::Lifecycle {
                 id: m.clone(),
                 op_type: "createModuleIdentity".into(),
@@ -542,7 +542,7 @@ async fn busy_consumer_gets_one_merged_change_at_the_newest_position() {
     let mut f = hub.changes(None);
     let d = TwinId::device("d");
     for v in 2..=10 {
-        hub.publish(0, &[tags_change(&d, v, json!({ format!("k{v}"): v }))]);
+        hub.publish(0, vec![tags_change(&d, v, json!({ format!("k{v}"): v }))]);
     }
     let e = next_event(&mut f).await;
     assert_eq!(e.merged, 9);
@@ -558,7 +558,7 @@ async fn resume_replays_exactly_what_followed_then_goes_live() {
     let d = TwinId::device("d");
     let mut first = hub.changes(None);
     for v in 2..=4 {
-        hub.publish(0, &[tags_change(&d, v, json!({"v": v}))]);
+        hub.publish(0, vec![tags_change(&d, v, json!({"v": v}))]);
     }
     // A consumer that read position 1 only.
     let p1 = hub.head().rsplit_once('-').unwrap().0.to_string() + "-1";
@@ -567,7 +567,7 @@ async fn resume_replays_exactly_what_followed_then_goes_live() {
     let b = next_event(&mut resumed).await;
     assert_eq!((a.body["version"].clone(), b.body["version"].clone()), (json!(3), json!(4)));
     assert_eq!(a.merged + b.merged, 2, "replayed events are not coalesced");
-    hub.publish(0, &[tags_change(&d, 5, json!({"v": 5}))]);
+    hub.publish(0, vec![tags_change(&d, 5, json!({"v": 5}))]);
     assert_eq!(next_event(&mut resumed).await.body["version"], 5);
     assert_idle(resumed.next()).await;
     // The live consumer saw everything merged.
@@ -582,7 +582,7 @@ async fn foreign_stale_or_malformed_positions_resync_then_go_live() {
     let hub = hub_with(|c| c.retained = 3);
     let d = TwinId::device("d");
     for v in 2..=7 {
-        hub.publish(0, &[tags_change(&d, v, json!({}))]);
+        hub.publish(0, vec![tags_change(&d, v, json!({}))]);
     }
     let epoch = hub.head().rsplit_once('-').unwrap().0.to_string();
     for bad in ["0123456789abcdef-3".to_string(), format!("{epoch}-1"), format!("{epoch}-99"), "garbage".into()] {
@@ -594,7 +594,7 @@ async fn foreign_stale_or_malformed_positions_resync_then_go_live() {
             }
             other => panic!("{bad}: expected a resync, got {other:?}"),
         }
-        hub.publish(0, &[tags_change(&d, 100, json!({}))]);
+        hub.publish(0, vec![tags_change(&d, 100, json!({}))]);
         assert_eq!(next_event(&mut f).await.body["version"], 100, "{bad}: live after the resync");
     }
     // The oldest retained position still resumes.
@@ -609,7 +609,7 @@ async fn slow_consumer_overflow_resyncs_and_continues_live() {
     let mut f = hub.changes(None);
     for i in 0..5 {
         // Different twins never merge.
-        hub.publish(0, &[tags_change(&TwinId::device(format!("d{i}")), 2, json!({}))]);
+        hub.publish(0, vec![tags_change(&TwinId::device(format!("d{i}")), 2, json!({}))]);
     }
     match next_item(&mut f).await {
         Some(FeedItem::Resync { position, .. }) => assert!(position.ends_with("-4")),
@@ -626,7 +626,7 @@ async fn filtered_consumers_see_only_their_twins_live_and_on_resume() {
     let mut f = hub.changes_filtered(None, filter.clone());
     let start = hub.head();
     for id in [TwinId::device("d2"), TwinId::module("d1", "m"), TwinId::device("d1")] {
-        hub.publish(0, &[tags_change(&id, 2, json!({}))]);
+        hub.publish(0, vec![tags_change(&id, 2, json!({}))]);
     }
     assert_eq!(next_event(&mut f).await.module_id.as_deref(), Some("m"));
     assert_eq!(next_event(&mut f).await.module_id, None);
@@ -643,11 +643,11 @@ async fn events_from_a_real_model_run_have_the_versions_they_reflect() {
     let mut f = hub.changes(None);
     let mut model = Model::new();
     let id = TwinId::device("d");
-    hub.publish(0, &model.create("d"));
+    hub.publish(0, model.create("d"));
     let mut p = hub.desired_pushes(&id);
     hub.publish(
         0,
-        &model.apply(Op::UpdateTwin {
+        model.apply(Op::UpdateTwin {
             id: id.clone(),
             patch_json: json!({"properties": {"desired": {"x": 1}}}).to_string(),
             if_match: None,
@@ -669,7 +669,7 @@ async fn the_ring_is_bounded_by_bytes_too() {
     let d = TwinId::device("d");
     let epoch = hub.head().rsplit_once('-').unwrap().0.to_string();
     for v in 2..=21 {
-        hub.publish(0, &[tags_change(&d, v, json!({"blob": "x".repeat(1000)}))]);
+        hub.publish(0, vec![tags_change(&d, v, json!({"blob": "x".repeat(1000)}))]);
     }
     // ~1.3 KB each: fewer than ten fit, so position 5 is gone but 15 is kept.
     let mut old = hub.changes(Some(&format!("{epoch}-5")));
@@ -682,7 +682,7 @@ async fn the_ring_is_bounded_by_bytes_too() {
 async fn a_tail_gap_resyncs_every_consumer_instead_of_skipping_silently() {
     let hub = hub();
     let mut f = hub.changes(None);
-    hub.publish(0, &[tags_change(&TwinId::device("d1".to_string()), 2, json!({}))]);
+    hub.publish(0, vec![tags_change(&TwinId::device("d1".to_string()), 2, json!({}))]);
     // Events of shard 5 were lost to this node (its tail fell behind): what was pending goes, and the
     // consumer hears a resync at the current position before anything else.
     (hub.sink().gap)(5);
@@ -694,7 +694,7 @@ async fn a_tail_gap_resyncs_every_consumer_instead_of_skipping_silently() {
         other => panic!("expected a resync, got {other:?}"),
     }
     // Then it carries on live.
-    hub.publish(0, &[tags_change(&TwinId::device("d2".to_string()), 2, json!({}))]);
+    hub.publish(0, vec![tags_change(&TwinId::device("d2".to_string()), 2, json!({}))]);
     assert_eq!(next_event(&mut f).await.device_id, "d2");
     assert_idle(f.next()).await;
 }
@@ -708,10 +708,10 @@ async fn a_consumer_that_cannot_be_heard_skips_changes_until_someone_listens() {
     let mut f = hub.changes_while(Arc::new(move || l.load(Ordering::SeqCst)));
     let mut all = hub.changes(None);
     let (a, b) = (TwinId::device("a"), TwinId::device("b"));
-    hub.publish(0, &[tags_change(&a, 2, json!({"k": 1}))]);
+    hub.publish(0, vec![tags_change(&a, 2, json!({"k": 1}))]);
     assert_idle(f.next()).await;
     listening.store(true, Ordering::SeqCst);
-    hub.publish(0, &[tags_change(&b, 2, json!({"k": 2}))]);
+    hub.publish(0, vec![tags_change(&b, 2, json!({"k": 2}))]);
     let e = next_event(&mut f).await;
     assert_eq!(e.body["tags"], json!({"k": 2}), "only what was published while listening");
     assert!(e.position.ends_with("-2"), "positions still count every change: {}", e.position);

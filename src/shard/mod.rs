@@ -47,7 +47,7 @@ use store::Store;
 use types::{Node, Raft};
 
 /// Receives the events of a shard's applied entries, in log order.
-pub type PublishFn = Arc<dyn Fn(ShardId, &[crate::model::Event]) + Send + Sync>;
+pub type PublishFn = Arc<dyn Fn(ShardId, Vec<crate::model::Event>) + Send + Sync>;
 
 /// Receives the events of every applied command: on every replica, in log order within a shard, after
 /// the command is committed. Called on the state machine's task, so it must not block; the notification
@@ -291,9 +291,9 @@ impl Shards {
                 let hub = hub.clone();
                 let rings = self.rings.clone();
                 let starting = self.starting.clone();
-                Some(Arc::new(move |index: u64, events: &[crate::model::Event]| {
+                Some(Arc::new(move |index: u64, events: Vec<crate::model::Event>| {
                     // Peers tailing the shard read the ring by log index, replayed entries included.
-                    rings.record(id, index, events);
+                    rings.record(id, index, &events);
                     // What a starting node re-applies from its log reaches no one (the hub's feed has a
                     // new epoch and nothing attached yet), and building those events was a third of a
                     // restart's replay.

@@ -435,7 +435,7 @@ async fn tail(shards: Weak<Shards>, id: ShardId) {
                 }
                 let mut last = cursor;
                 for (index, events) in page.events() {
-                    (sink.publish)(id, &events);
+                    (sink.publish)(id, events);
                     last = Some(index);
                 }
                 if let Some((index, _)) = page.entries.last() {

@@ -64,7 +64,7 @@ pub struct StateMachine {
 }
 
 /// Receives `(log index, events)` of every applied command of one group, in log order.
-pub type GroupSink = Arc<dyn Fn(u64, &[crate::model::Event]) + Send + Sync>;
+pub type GroupSink = Arc<dyn Fn(u64, Vec<crate::model::Event>) + Send + Sync>;
 
 fn reply_done() -> Applied {
     Applied { result: Ok(Reply::Done), events: Vec::new() }
@@ -216,7 +216,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             };
             let Applied { result, events } = outcome;
             if let (Some(sink), false) = (&self.events, events.is_empty()) {
-                sink(log_id.index, &events);
+                sink(log_id.index, events);
             }
             // The events went to the sink; the writer (and a forwarded write's caller, over the wire)
             // only needs the result.
