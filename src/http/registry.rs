@@ -328,12 +328,17 @@ fn auth_spec(v: Option<&Value>) -> Result<AuthSpec, ApiError> {
         primary_key.get_or_insert_with(generate_key);
         secondary_key.get_or_insert_with(generate_key);
     }
+    let boxed = |s: Option<String>| s.map(String::into_boxed_str);
     Ok(AuthSpec {
-        auth_type,
-        primary_key,
-        secondary_key,
-        primary_thumbprint: non_empty(opt_str(thumbs, "primaryThumbprint", "authentication.x509Thumbprint.")?),
-        secondary_thumbprint: non_empty(opt_str(thumbs, "secondaryThumbprint", "authentication.x509Thumbprint.")?),
+        auth_type: auth_type.into(),
+        primary_key: boxed(primary_key),
+        secondary_key: boxed(secondary_key),
+        primary_thumbprint: boxed(non_empty(opt_str(thumbs, "primaryThumbprint", "authentication.x509Thumbprint.")?)),
+        secondary_thumbprint: boxed(non_empty(opt_str(
+            thumbs,
+            "secondaryThumbprint",
+            "authentication.x509Thumbprint.",
+        )?)),
     })
 }
 
@@ -356,7 +361,7 @@ mod tests {
         let body = json!({"deviceId":"d1","status":"enabled","authentication":{"symmetricKey":{},"type":"sas"},"capabilities":{"iotEdge":false}});
         let spec = device_spec("d1", &body).unwrap();
         let (p, s) = (spec.auth.primary_key.unwrap(), spec.auth.secondary_key.unwrap());
-        assert_eq!(B64.decode(&p).unwrap().len(), 32);
+        assert_eq!(B64.decode(p.as_bytes()).unwrap().len(), 32);
         assert_ne!(p, s);
         // Node sends empty strings.
         let body = json!({"deviceId":"d1","authentication":{"symmetricKey":{"primaryKey":"","secondaryKey":""}}});

@@ -127,12 +127,14 @@ impl ShardState {
                     .devices
                     .get_mut(device.device_id.as_str())
                     .ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
-                let parents: Vec<String> = parent_scope.iter().cloned().collect();
+                let parents: Box<[String]> = parent_scope.iter().cloned().collect();
                 if entry.iot_edge {
                     entry.scopes.parent_scopes = parents;
                 } else {
-                    entry.scopes =
-                        super::registry::Scopes { device_scope: parent_scope.clone(), parent_scopes: parents };
+                    entry.scopes = super::registry::Scopes {
+                        device_scope: parent_scope.as_deref().map(Into::into),
+                        parent_scopes: parents,
+                    };
                 }
                 Ok(Reply::Device(entry.render(&device.device_id)))
             }
@@ -262,7 +264,7 @@ impl ShardState {
                 let mut entry = DeviceEntry {
                     identity: Identity::new(spec.auth.clone(), cmd.request_id, identity_etag),
                     status: spec.status,
-                    status_reason: spec.status_reason.clone(),
+                    status_reason: spec.status_reason.as_deref().map(Into::into),
                     status_updated: NEVER,
                     iot_edge: spec.iot_edge,
                     twin: TwinDoc::new(twin_etag),
@@ -288,7 +290,7 @@ impl ShardState {
                     entry.status_updated = cmd.timestamp_ms;
                 }
                 entry.status = spec.status;
-                entry.status_reason = spec.status_reason.clone();
+                entry.status_reason = spec.status_reason.as_deref().map(Into::into);
                 entry.iot_edge = spec.iot_edge;
                 set_edge_scope(entry, id, cmd);
                 entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
@@ -438,8 +440,19 @@ impl ShardState {
         at: i64,
         events: &mut Vec<Event>,
     ) -> Result<(), TwinError> {
-        let body = parse_json(json)?;
-        let sb = service_body(&body)?;
+        self.patch_twin_body(id, &parse_json(json)?, if_match, at, events)
+    }
+
+    /// [`Self::patch_twin`] with the body already parsed (a bulk entry builds it as a value).
+    pub(super) fn patch_twin_body(
+        &mut self,
+        id: &TwinId,
+        body: &Value,
+        if_match: Option<&IfMatch>,
+        at: i64,
+        events: &mut Vec<Event>,
+    ) -> Result<(), TwinError> {
+        let sb = service_body(body)?;
         let cur = self.twin_doc(id)?;
         check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
         let tags_patch = effective_patch(sb.tags, &cur.tags);
@@ -616,7 +629,7 @@ fn set_edge_scope(entry: &mut DeviceEntry, device_id: &str, cmd: &Command) {
     let own = entry.scopes.device_scope.as_deref().and_then(super::registry::edge_scope_device) == Some(device_id);
     if entry.iot_edge && !own {
         entry.scopes.device_scope =
-            Some(super::registry::edge_scope(device_id, cmd.request_id.0 as u64 % 1_000_000_000_000_000));
+            Some(super::registry::edge_scope(device_id, cmd.request_id.0 as u64 % 1_000_000_000_000_000).into());
     } else if !entry.iot_edge && own {
         entry.scopes.device_scope = None;
     }

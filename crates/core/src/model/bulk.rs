@@ -134,7 +134,7 @@ impl ShardState {
                     }
                 };
                 if let Some(p) = patch {
-                    self.patch_twin(&e.id, &p, None, cmd.timestamp_ms, events)?;
+                    self.patch_twin_body(&e.id, &p, None, cmd.timestamp_ms, events)?;
                 }
                 Ok(())
             }
@@ -155,7 +155,7 @@ impl ShardState {
                     _ => Some(etag_match(&e.twin_etag, "twinETag")?),
                 };
                 if let Some(p) = self.sections_patch(Some(&e.id), e)? {
-                    self.patch_twin(&e.id, &p, if_match.as_ref(), cmd.timestamp_ms, events)?;
+                    self.patch_twin_body(&e.id, &p, if_match.as_ref(), cmd.timestamp_ms, events)?;
                 } else {
                     // Nothing to write, but the twin must exist and the etag must hold.
                     self.twin_doc(&e.id)?;
@@ -171,7 +171,7 @@ impl ShardState {
     /// The service patch that overwrites the sections the entry carries: for each given section, every
     /// current key removed (`null`) and the given members set. `current` names the twin whose sections
     /// are overwritten (`None`: a twin about to be created, which has none).
-    fn sections_patch(&self, current: Option<&TwinId>, e: &BulkEntry) -> Result<Option<String>, TwinError> {
+    fn sections_patch(&self, current: Option<&TwinId>, e: &BulkEntry) -> Result<Option<Value>, TwinError> {
         if e.tags_json.is_none() && e.desired_json.is_none() {
             return Ok(None);
         }
@@ -204,7 +204,7 @@ impl ShardState {
         if let Some(d) = desired {
             body.insert("properties".into(), serde_json::json!({ "desired": d }));
         }
-        Ok(Some(Value::Object(body).to_string()))
+        Ok(Some(Value::Object(body)))
     }
 }
 

@@ -55,11 +55,11 @@ pub enum Status {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthSpec {
     /// `sas`, `selfSigned`, `certificateAuthority` or `none`.
-    pub auth_type: String,
-    pub primary_key: Option<String>,
-    pub secondary_key: Option<String>,
-    pub primary_thumbprint: Option<String>,
-    pub secondary_thumbprint: Option<String>,
+    pub auth_type: Box<str>,
+    pub primary_key: Option<Box<str>>,
+    pub secondary_key: Option<Box<str>>,
+    pub primary_thumbprint: Option<Box<str>>,
+    pub secondary_thumbprint: Option<Box<str>>,
 }
 
 /// What a `PUT /devices/{id}` may set.

@@ -399,11 +399,11 @@ impl ShardState {
             Some(m) => &dev.modules.get(m)?.identity,
         };
         Some(Credentials {
-            primary_key: identity.auth.primary_key.clone(),
-            secondary_key: identity.auth.secondary_key.clone(),
+            primary_key: identity.auth.primary_key.as_deref().map(String::from),
+            secondary_key: identity.auth.secondary_key.as_deref().map(String::from),
             enabled: dev.status == Status::Enabled,
             subscriptions: identity.subscriptions.clone(),
-            auth_type: identity.auth.auth_type.clone(),
+            auth_type: identity.auth.auth_type.to_string(),
         })
     }
 

@@ -12,7 +12,7 @@ use super::time::{format_ms, NEVER};
 /// What devices and modules share: authentication, connection state, identity etag.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Identity {
-    pub generation_id: String,
+    pub generation_id: Box<str>,
     /// Identity etag counter (`etag` of Device/Module, `deviceEtag` of a twin).
     pub etag: u64,
     pub auth: AuthSpec,
@@ -28,7 +28,7 @@ pub struct Identity {
 impl Identity {
     pub fn new(auth: AuthSpec, request_id: RequestId, etag: u64) -> Identity {
         Identity {
-            generation_id: generation_id(request_id),
+            generation_id: generation_id(request_id).into(),
             etag,
             auth,
             connected: false,
@@ -106,7 +106,7 @@ impl TwinDoc {
 pub struct DeviceEntry {
     pub identity: Identity,
     pub status: Status,
-    pub status_reason: Option<String>,
+    pub status_reason: Option<Box<str>>,
     pub status_updated: i64,
     pub iot_edge: bool,
     pub twin: TwinDoc,
@@ -119,8 +119,8 @@ pub struct DeviceEntry {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Scopes {
-    pub device_scope: Option<String>,
-    pub parent_scopes: Vec<String>,
+    pub device_scope: Option<Box<str>>,
+    pub parent_scopes: Box<[String]>,
 }
 
 /// The scope IoT Hub gives an edge device: `ms-azure-iot-edge://{deviceId}-{number}`.
