@@ -123,6 +123,12 @@ struct FeedState {
     ring_bytes: usize,
     next_id: u64,
     consumers: HashMap<u64, Consumer>,
+    /// Whether a position of this feed has been handed out (by [`Hub::head`], with an event or a
+    /// resync) or a consumer was listening when changes were published. Until then no one can ever
+    /// read a change (positions are this process's own, and live consumers only see what is
+    /// published while they listen), so changes are counted but not built or retained: a bulk load
+    /// into a node nobody follows costs no change events.
+    issued: bool,
 }
 
 impl FeedState {
@@ -310,6 +316,7 @@ impl Hub {
                 ring_bytes: 0,
                 next_id: 0,
                 consumers: HashMap::new(),
+                issued: false,
             }),
             closed: AtomicBool::new(false),
         })
@@ -335,6 +342,7 @@ impl Hub {
     pub fn gap(&self, shard: ShardId) {
         let mut st = lock(&self.feed);
         let position = self.position(st.seq);
+        st.issued |= !st.consumers.is_empty();
         let n = st.consumers.len();
         for c in st.consumers.values_mut() {
             c.queue.clear();
@@ -355,8 +363,9 @@ impl Hub {
 
     /// The position of the newest event published so far (`{epoch}-0` before the first).
     pub fn head(&self) -> String {
-        let seq = lock(&self.feed).seq;
-        self.position(seq)
+        let mut st = lock(&self.feed);
+        st.issued = true;
+        self.position(st.seq)
     }
 
     /// Queues the events of one applied command. Never blocks: only short std-mutex critical sections
@@ -366,18 +375,36 @@ impl Hub {
             return;
         }
         let now = crate::model::now_ms();
-        let mut changes = Vec::new();
-        // By value: a change event takes the model event's body (a whole twin for lifecycle events)
-        // instead of a deep copy of it.
+        let mut feed = Vec::with_capacity(events.len());
         for e in events {
             match e {
                 Event::DesiredPatch { id, patch, desired_version } => self.push_desired(&id, &patch, desired_version),
-                other => changes.extend(event::change_of(other, &self.config.hub_name, now)),
+                other => feed.push(other),
             }
         }
+        if feed.is_empty() || self.unobserved(feed.len()) {
+            return;
+        }
+        // By value: a change event takes the model event's body (a whole twin for lifecycle events)
+        // instead of a deep copy of it.
+        let changes: Vec<_> =
+            feed.into_iter().filter_map(|e| event::change_of(e, &self.config.hub_name, now)).collect();
         if !changes.is_empty() {
             self.publish_changes(changes);
         }
+    }
+
+    /// Whether `n` changes about to be published can never be read (see [`FeedState::issued`]); if
+    /// so they take their sequence numbers now and are dropped.
+    fn unobserved(&self, n: usize) -> bool {
+        let mut st = lock(&self.feed);
+        if !st.issued && st.consumers.values().all(|c| c.listening.as_ref().is_some_and(|l| !l())) {
+            st.seq += n as u64;
+            metrics::counter!("twinhub_notify_feed_events_total").increment(n as u64);
+            return true;
+        }
+        st.issued = true;
+        false
     }
 
     fn push_desired(&self, id: &TwinId, patch: &Value, version: i64) {
@@ -536,6 +563,7 @@ impl Hub {
             Some(Err(reason)) => (Mode::Live, Some((self.position(st.seq), reason))),
         };
         if let Some((_, reason)) = &resync {
+            st.issued = true;
             tracing::debug!(last_event_id, %reason, "change feed consumer must resync");
             metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "resume").increment(1);
         }

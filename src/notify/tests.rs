@@ -719,3 +719,25 @@ async fn a_consumer_that_cannot_be_heard_skips_changes_until_someone_listens() {
     assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 1}));
     assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 2}));
 }
+
+#[tokio::test]
+async fn changes_no_one_can_ever_read_are_counted_but_not_retained() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let hub = hub();
+    // Only a consumer that cannot be heard (the event broker without clients) is attached.
+    let quiet = Arc::new(AtomicBool::new(false));
+    let q = quiet.clone();
+    let _broker = hub.changes_while(Arc::new(move || q.load(Ordering::SeqCst)));
+    hub.publish(0, vec![tags_change(&TwinId::device("a"), 2, json!({"k": 1}))]);
+    // The change took its sequence number, but no position before it was ever handed out, so no
+    // consumer can resume into it and nothing was kept.
+    let head = hub.head();
+    assert!(head.ends_with("-1"), "{head}");
+    let mut from_start = hub.changes(Some(&head.replace("-1", "-0")));
+    assert!(matches!(next_item(&mut from_start).await, Some(FeedItem::Resync { .. })));
+    // Once a position is out, what follows it is retained for whoever resumes from it.
+    hub.publish(0, vec![tags_change(&TwinId::device("b"), 2, json!({"k": 2}))]);
+    let mut resumed = hub.changes(Some(&head));
+    let e = next_event(&mut resumed).await;
+    assert_eq!((e.device_id.as_str(), e.position.ends_with("-2")), ("b", true));
+}
