@@ -71,6 +71,11 @@ fn io_err(e: fjall::Error) -> io::Error {
     }
 }
 
+/// The log's memtable: fjall's default (64 MiB) is resident memory that buys nothing here, since
+/// entries are read back only by a lagging follower's replication and are purged behind every
+/// snapshot.
+const LOG_MEMTABLE_BYTES: u64 = 16 << 20;
+
 impl Store {
     /// Opens (or creates) the database in `dir` and starts its writer thread.
     pub fn open(dir: &Path) -> io::Result<Store> {
@@ -78,7 +83,9 @@ impl Store {
         // fjall's default hands every batch to the OS (one write syscall per group-commit batch); the
         // fsync that makes it durable is the group-commit writer's.
         let db = Database::builder(dir).open().map_err(io_err)?;
-        let log = db.keyspace("log", KeyspaceCreateOptions::default).map_err(io_err)?;
+        let log = db
+            .keyspace("log", || KeyspaceCreateOptions::default().max_memtable_size(LOG_MEMTABLE_BYTES))
+            .map_err(io_err)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default).map_err(io_err)?;
         // fjall creates each keyspace's directory under `keyspaces/` without an fsync of `keyspaces/`
         // (and the database directory's own entry in its parent is ours to sync): until these syncs a
