@@ -96,6 +96,12 @@ pub struct Hub {
     epoch: String,
     pushes: Mutex<PushState>,
     feed: Mutex<FeedState>,
+    /// Whether a position of the feed has been handed out (by [`Hub::head`], with an event or a
+    /// resync) or a consumer was listening when changes were published. Until then no one can ever
+    /// read a change (positions are this process's own, and live consumers only see what is
+    /// published while they listen), so changes are counted but not built or retained: a bulk load
+    /// into a node nobody follows costs no change events. Never goes back to false.
+    issued: AtomicBool,
     closed: AtomicBool,
 }
 
@@ -123,12 +129,6 @@ struct FeedState {
     ring_bytes: usize,
     next_id: u64,
     consumers: HashMap<u64, Consumer>,
-    /// Whether a position of this feed has been handed out (by [`Hub::head`], with an event or a
-    /// resync) or a consumer was listening when changes were published. Until then no one can ever
-    /// read a change (positions are this process's own, and live consumers only see what is
-    /// published while they listen), so changes are counted but not built or retained: a bulk load
-    /// into a node nobody follows costs no change events.
-    issued: bool,
 }
 
 impl FeedState {
@@ -316,8 +316,8 @@ impl Hub {
                 ring_bytes: 0,
                 next_id: 0,
                 consumers: HashMap::new(),
-                issued: false,
             }),
+            issued: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
     }
@@ -328,11 +328,11 @@ impl Hub {
 
     /// The sink to give the shards.
     pub fn sink(self: &Arc<Self>) -> EventSink {
-        let hub = self.clone();
-        let gaps = self.clone();
+        let (hub, gaps, observer) = (self.clone(), self.clone(), self.clone());
         EventSink {
             publish: Arc::new(move |shard, events| hub.publish(shard, events)),
             gap: Arc::new(move |shard| gaps.gap(shard)),
+            observed: Arc::new(move || observer.observed()),
         }
     }
 
@@ -342,7 +342,9 @@ impl Hub {
     pub fn gap(&self, shard: ShardId) {
         let mut st = lock(&self.feed);
         let position = self.position(st.seq);
-        st.issued |= !st.consumers.is_empty();
+        if !st.consumers.is_empty() {
+            self.issued.store(true, Ordering::Release);
+        }
         let n = st.consumers.len();
         for c in st.consumers.values_mut() {
             c.queue.clear();
@@ -363,8 +365,8 @@ impl Hub {
 
     /// The position of the newest event published so far (`{epoch}-0` before the first).
     pub fn head(&self) -> String {
-        let mut st = lock(&self.feed);
-        st.issued = true;
+        let st = lock(&self.feed);
+        self.issued.store(true, Ordering::Release);
         self.position(st.seq)
     }
 
@@ -398,13 +400,32 @@ impl Hub {
     /// so they take their sequence numbers now and are dropped.
     fn unobserved(&self, n: usize) -> bool {
         let mut st = lock(&self.feed);
-        if !st.issued && st.consumers.values().all(|c| c.listening.as_ref().is_some_and(|l| !l())) {
+        if !self.issued.load(Ordering::Acquire) && !Self::anyone_listening(&st) {
             st.seq += n as u64;
             metrics::counter!("twinhub_notify_feed_events_total").increment(n as u64);
             return true;
         }
-        st.issued = true;
+        self.issued.store(true, Ordering::Release);
         false
+    }
+
+    fn anyone_listening(st: &FeedState) -> bool {
+        st.consumers.values().any(|c| c.listening.as_ref().is_none_or(|l| l()))
+    }
+
+    /// Whether anything published now could reach anyone: a feed position is out or a consumer
+    /// listens, or a device connection waits for desired pushes. If not, the shards may apply without
+    /// building events at all.
+    pub fn observed(&self) -> bool {
+        if self.issued.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
+            // A closed hub drops everything anyway; answering "observed" keeps shutdown on the
+            // well-trodden path.
+            return true;
+        }
+        if !lock(&self.pushes).regs.is_empty() {
+            return true;
+        }
+        Self::anyone_listening(&lock(&self.feed))
     }
 
     fn push_desired(&self, id: &TwinId, patch: &Value, version: i64) {
@@ -563,7 +584,7 @@ impl Hub {
             Some(Err(reason)) => (Mode::Live, Some((self.position(st.seq), reason))),
         };
         if let Some((_, reason)) = &resync {
-            st.issued = true;
+            self.issued.store(true, Ordering::Release);
             tracing::debug!(last_event_id, %reason, "change feed consumer must resync");
             metrics::counter!("twinhub_notify_feed_resyncs_total", "reason" => "resume").increment(1);
         }

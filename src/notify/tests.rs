@@ -741,3 +741,24 @@ async fn changes_no_one_can_ever_read_are_counted_but_not_retained() {
     let e = next_event(&mut resumed).await;
     assert_eq!((e.device_id.as_str(), e.position.ends_with("-2")), ("b", true));
 }
+
+#[tokio::test]
+async fn the_hub_is_observed_once_anyone_could_receive_what_it_publishes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let hub = hub();
+    assert!(!hub.observed(), "a fresh hub: no position out, no consumer, no device");
+    let quiet = Arc::new(AtomicBool::new(false));
+    let q = quiet.clone();
+    let _broker = hub.changes_while(Arc::new(move || q.load(Ordering::SeqCst)));
+    assert!(!hub.observed(), "a consumer that cannot be heard does not count");
+    let device = hub.desired_pushes(&TwinId::device("d"));
+    assert!(hub.observed(), "a connected device waits for desired pushes");
+    drop(device);
+    assert!(!hub.observed());
+    quiet.store(true, Ordering::SeqCst);
+    assert!(hub.observed(), "the broker has a client now");
+    quiet.store(false, Ordering::SeqCst);
+    assert!(!hub.observed());
+    let _ = hub.head();
+    assert!(hub.observed(), "a position is out: whoever holds it may resume");
+}

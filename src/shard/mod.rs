@@ -59,11 +59,41 @@ pub struct EventSink {
     /// Some events of the shard could not be had (a tail fell behind its replica's ring): whoever
     /// follows them must be told rather than left with a silent gap.
     pub gap: Arc<dyn Fn(ShardId) + Send + Sync>,
+    /// Whether anyone could receive a change or a desired push now (see `Hub::observed`).
+    pub observed: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl std::fmt::Debug for EventSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("EventSink")
+    }
+}
+
+/// A shard's applied events: to the ring peers tail, and to this node's hub.
+struct ShardEvents {
+    shard: ShardId,
+    hub: EventSink,
+    rings: tail::Rings,
+    starting: Arc<AtomicBool>,
+}
+
+impl state_machine::AppliedEvents for ShardEvents {
+    fn wanted(&self) -> bool {
+        self.rings.active(self.shard) || (!self.starting.load(Ordering::Relaxed) && (self.hub.observed)())
+    }
+
+    fn deliver(&self, index: u64, events: Vec<crate::model::Event>) {
+        // Peers tailing the shard read the ring by log index, replayed entries included.
+        self.rings.record(self.shard, index, &events);
+        // What a starting node re-applies from its log reaches no one (the hub's feed has a new epoch
+        // and nothing attached yet), and building those events was a third of a restart's replay.
+        if !self.starting.load(Ordering::Relaxed) {
+            (self.hub.publish)(self.shard, events);
+        }
+    }
+
+    fn skipped(&self, index: u64) {
+        self.rings.skipped(self.shard, index);
     }
 }
 
@@ -287,21 +317,12 @@ impl Shards {
             }
         }
         let sink: Option<state_machine::GroupSink> = match (&self.config.events, id == META) {
-            (Some(hub), false) => {
-                let hub = hub.clone();
-                let rings = self.rings.clone();
-                let starting = self.starting.clone();
-                Some(Arc::new(move |index: u64, events: Vec<crate::model::Event>| {
-                    // Peers tailing the shard read the ring by log index, replayed entries included.
-                    rings.record(id, index, &events);
-                    // What a starting node re-applies from its log reaches no one (the hub's feed has a
-                    // new epoch and nothing attached yet), and building those events was a third of a
-                    // restart's replay.
-                    if !starting.load(Ordering::Relaxed) {
-                        (hub.publish)(id, events);
-                    }
-                }))
-            }
+            (Some(hub), false) => Some(Arc::new(ShardEvents {
+                shard: id,
+                hub: hub.clone(),
+                rings: self.rings.clone(),
+                starting: self.starting.clone(),
+            })),
             _ => None,
         };
         let preloaded = self.preloaded.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);

@@ -115,6 +115,25 @@ impl EventRings {
         self.changed.notify_waiters();
     }
 
+    /// Whether a peer has read the shard's ring recently (it records only then).
+    pub fn active(&self, shard: ShardId) -> bool {
+        let rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        rings.get(&shard).and_then(|r| r.last_read).is_some_and(|t| t.elapsed() < IDLE_AFTER)
+    }
+
+    /// Entry `index` was applied without building its events (nobody read the ring): a cursor
+    /// before it has missed whatever they were, exactly as if the idle ring had dropped them.
+    pub fn skipped(&self, shard: ShardId, index: u64) {
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = rings.entry(shard).or_default();
+        if index <= ring.head {
+            return;
+        }
+        ring.head = index;
+        ring.clear();
+        ring.evicted_upto = index;
+    }
+
     /// Forgets a shard this node no longer hosts.
     pub fn drop_shard(&self, shard: ShardId) {
         self.rings.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
@@ -156,6 +175,22 @@ mod tests {
 
     fn ev(v: i64) -> Vec<Event> {
         vec![Event::Connection { id: TwinId::device(format!("d{v}")), connected: true }]
+    }
+
+    #[tokio::test]
+    async fn entries_applied_without_events_are_a_gap_for_cursors_before_them() {
+        let rings = EventRings::default();
+        assert!(!rings.active(1), "nobody has read the ring");
+        rings.skipped(1, 4);
+        let start = rings.wait_page(1, None, Duration::ZERO).await;
+        assert_eq!(start.head, 4, "a new reader starts after what was skipped");
+        assert!(rings.active(1));
+        rings.skipped(1, 6);
+        // A reader whose cursor is before a skipped entry is told, never left with a silent hole.
+        assert!(rings.wait_page(1, Some(start.head), Duration::ZERO).await.gap);
+        rings.record(1, 7, &ev(7));
+        let p = rings.wait_page(1, Some(6), Duration::ZERO).await;
+        assert_eq!((p.entries.len(), p.gap), (1, false));
     }
 
     #[tokio::test]

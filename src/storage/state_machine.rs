@@ -63,8 +63,19 @@ pub struct StateMachine {
     events: Option<GroupSink>,
 }
 
-/// Receives `(log index, events)` of every applied command of one group, in log order.
-pub type GroupSink = Arc<dyn Fn(u64, Vec<crate::model::Event>) + Send + Sync>;
+/// Where the events of one group's applied commands go.
+pub trait AppliedEvents: Send + Sync {
+    /// Whether anyone could receive the events of the entry about to be applied. If not, the entry is
+    /// applied without building them ([`crate::model::ShardState::apply_quietly`]) and
+    /// [`AppliedEvents::skipped`] takes its index.
+    fn wanted(&self) -> bool;
+    /// `(log index, events)` of an applied entry, in log order.
+    fn deliver(&self, index: u64, events: Vec<crate::model::Event>);
+    /// An applied entry whose events were not built.
+    fn skipped(&self, index: u64);
+}
+
+pub type GroupSink = Arc<dyn AppliedEvents>;
 
 fn reply_done() -> Applied {
     Applied { result: Ok(Reply::Done), events: Vec::new() }
@@ -199,6 +210,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let log_id = entry.log_id();
+            // Asked per entry, before the state lock: a consumer that starts listening misses at most
+            // the entry being applied, as it would if it had started a moment later.
+            let wanted = self.events.as_ref().is_some_and(|s| s.wanted());
             let outcome = {
                 let mut a = write_lock(&self.shared);
                 a.last_applied = Some(log_id);
@@ -206,7 +220,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Blank => reply_done(),
                     EntryPayload::Normal(cmd) => {
                         a.work_since_snapshot.fetch_add(cmd.weight(), Ordering::Relaxed);
-                        a.state.apply(cmd)
+                        if wanted {
+                            a.state.apply(cmd)
+                        } else {
+                            a.state.apply_quietly(cmd)
+                        }
                     }
                     EntryPayload::Membership(m) => {
                         a.membership = StoredMembership::new(Some(log_id), m.clone());
@@ -215,8 +233,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             };
             let Applied { result, events } = outcome;
-            if let (Some(sink), false) = (&self.events, events.is_empty()) {
-                sink(log_id.index, events);
+            match &self.events {
+                Some(sink) if !wanted => sink.skipped(log_id.index),
+                Some(sink) if !events.is_empty() => sink.deliver(log_id.index, events),
+                _ => {}
             }
             // The events went to the sink; the writer (and a forwarded write's caller, over the wire)
             // only needs the result.

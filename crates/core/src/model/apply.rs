@@ -272,11 +272,13 @@ impl ShardState {
                     scopes: Default::default(),
                 };
                 set_edge_scope(&mut entry, id, cmd);
-                events.push(Event::Lifecycle {
-                    id: TwinId::device(id),
-                    op_type: "createDeviceIdentity".into(),
-                    body: entry.render_twin(id, None),
-                });
+                if !self.quiet {
+                    events.push(Event::Lifecycle {
+                        id: TwinId::device(id),
+                        op_type: "createDeviceIdentity".into(),
+                        body: entry.render_twin(id, None),
+                    });
+                }
                 let id: Arc<str> = id.into();
                 self.tag_index.add(&id, &entry.twin.tags);
                 self.devices.insert(id, Box::new(entry));
@@ -303,18 +305,20 @@ impl ShardState {
     pub(super) fn delete_device(&mut self, id: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let dev = self.devices.get(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
         check_if_match(if_match, dev.identity.etag, &format!("device {id}"))?;
-        for (mid, m) in &dev.modules {
+        if !self.quiet {
+            for (mid, m) in &dev.modules {
+                events.push(Event::Lifecycle {
+                    id: TwinId::module(id, mid.as_str()),
+                    op_type: "deleteModuleIdentity".into(),
+                    body: dev.render_twin(id, Some((mid, m))),
+                });
+            }
             events.push(Event::Lifecycle {
-                id: TwinId::module(id, mid.as_str()),
-                op_type: "deleteModuleIdentity".into(),
-                body: dev.render_twin(id, Some((mid, m))),
+                id: TwinId::device(id),
+                op_type: "deleteDeviceIdentity".into(),
+                body: dev.render_twin(id, None),
             });
         }
-        events.push(Event::Lifecycle {
-            id: TwinId::device(id),
-            op_type: "deleteDeviceIdentity".into(),
-            body: dev.render_twin(id, None),
-        });
         if let Some(dev) = self.devices.remove(id) {
             self.tag_index.remove(id, &dev.twin.tags);
         }
@@ -350,12 +354,15 @@ impl ShardState {
                     managed_by: spec.managed_by.clone(),
                     twin: TwinDoc::new(twin_etag),
                 };
+                let quiet = self.quiet;
                 let dev = self.devices.get_mut(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
-                events.push(Event::Lifecycle {
-                    id: TwinId::module(did, mid),
-                    op_type: "createModuleIdentity".into(),
-                    body: dev.render_twin(did, Some((mid, &entry))),
-                });
+                if !quiet {
+                    events.push(Event::Lifecycle {
+                        id: TwinId::module(did, mid),
+                        op_type: "createModuleIdentity".into(),
+                        body: dev.render_twin(did, Some((mid, &entry))),
+                    });
+                }
                 let doc = entry.render(did, mid);
                 dev.modules.insert(mid.to_string(), entry);
                 Ok(Reply::Module(doc))
@@ -387,8 +394,10 @@ impl ShardState {
         let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
         let m = dev.modules.get(mid).ok_or_else(|| not_found(&id))?;
         check_if_match(if_match, m.identity.etag, &format!("module {mid} on device {did}"))?;
-        let body = dev.render_twin(did, Some((mid, m)));
-        events.push(Event::Lifecycle { id, op_type: "deleteModuleIdentity".into(), body });
+        if !self.quiet {
+            let body = dev.render_twin(did, Some((mid, m)));
+            events.push(Event::Lifecycle { id, op_type: "deleteModuleIdentity".into(), body });
+        }
         if let Some(dev) = self.devices.get_mut(did) {
             dev.modules.remove(mid);
         }
@@ -494,6 +503,10 @@ impl ShardState {
         if let Some(d) = desired {
             twin.desired = d;
         }
+        if self.quiet {
+            return Ok(());
+        }
+        let twin = self.twin_doc(id)?;
         let mut change = Map::new();
         change.insert("version".into(), Value::from(version));
         if let Some(p) = &tags_patch {
@@ -558,12 +571,14 @@ impl ShardState {
         twin.desired = desired;
         let full = self.twin(id)?;
         let reply = JsonText::render(&full);
-        events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full, version });
-        events.push(Event::DesiredPatch {
-            id: id.clone(),
-            patch: with_version(diff, desired_version),
-            desired_version,
-        });
+        if !self.quiet {
+            events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full, version });
+            events.push(Event::DesiredPatch {
+                id: id.clone(),
+                patch: with_version(diff, desired_version),
+                desired_version,
+            });
+        }
         Ok(Reply::Twin(reply))
     }
 
@@ -583,6 +598,10 @@ impl ShardState {
         twin.version = version;
         twin.reported_version = reported_version;
         twin.reported = reported;
+        if self.quiet {
+            return Ok(Reply::Reported { version: reported_version });
+        }
+        let twin = self.twin_doc(id)?;
         let mut section = patch.clone();
         section.insert("$metadata".into(), twin.reported.patch_metadata(patch, false));
         section.insert("$version".into(), Value::from(reported_version));
@@ -605,7 +624,9 @@ impl ShardState {
         identity.connected = connected;
         identity.connection_state_updated = at;
         identity.last_activity = at;
-        events.push(Event::Connection { id: id.clone(), connected });
+        if !self.quiet {
+            events.push(Event::Connection { id: id.clone(), connected });
+        }
         Ok(Reply::Done)
     }
 }

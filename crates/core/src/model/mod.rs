@@ -157,6 +157,10 @@ pub struct ShardState {
     /// Devices by tag value, for selective queries; derived from `devices`, rebuilt on decode.
     #[serde(skip)]
     tag_index: tag_index::TagIndex,
+    /// Set only during [`ShardState::apply_quietly`]: no events are built. Never part of the state
+    /// (false at rest, not in snapshots); outcomes and state changes are the same either way.
+    #[serde(skip)]
+    quiet: bool,
 }
 
 /// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
@@ -170,6 +174,16 @@ struct Snapshot<S> {
 const SNAPSHOT_FORMAT: u32 = 1;
 
 impl ShardState {
+    /// [`ShardState::apply`] for a replica whose events nobody can receive (no feed position handed
+    /// out, no consumer, no connected device, no peer tailing): the same outcome and the same state,
+    /// without rendering the twins and patches that events carry.
+    pub fn apply_quietly(&mut self, cmd: &Command) -> Applied {
+        self.quiet = true;
+        let applied = self.apply(cmd);
+        self.quiet = false;
+        applied
+    }
+
     /// Applies a committed command. Deterministic; a rejected command leaves the state unchanged.
     /// A command whose request id was recently applied for the same device answers the first outcome
     /// again and changes nothing.

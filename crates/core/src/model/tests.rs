@@ -939,3 +939,52 @@ fn tag_index_follows_every_tag_change() {
     let decoded = ShardState::decode_snapshot(&f.state.encode_snapshot()).unwrap();
     assert_eq!(decoded, f.state, "the index is rebuilt from the snapshot");
 }
+
+#[test]
+fn quiet_apply_changes_the_state_and_answers_exactly_like_apply_without_events() {
+    use super::bulk::{BulkEntry, Identity as BulkIdentity, ImportMode};
+    let d = dev();
+    let m = TwinId::module("d1", "m1");
+    let ops = vec![
+        Op::PutDevice { device: device_spec("d1"), if_match: None },
+        Op::Bulk {
+            entries: vec![BulkEntry {
+                id: TwinId::device("d2"),
+                mode: ImportMode::Create,
+                identity: Some(BulkIdentity::Device(device_spec("d2"))),
+                etag: None,
+                twin_etag: None,
+                tags_json: Some(r#"{"building": 43}"#.into()),
+                desired_json: Some(r#"{"fb": "x"}"#.into()),
+            }],
+        },
+        Op::UpdateTwin {
+            id: d.clone(),
+            patch_json: json!({"tags": {"a": 1}, "properties": {"desired": {"b": {"c": 2}}}}).to_string(),
+            if_match: None,
+        },
+        Op::ReplaceTwin { id: d.clone(), twin_json: json!({"tags": {"z": true}}).to_string(), if_match: None },
+        Op::UpdateReported { id: d.clone(), patch_json: json!({"r": 1}).to_string() },
+        Op::SetConnectionState { id: d.clone(), connected: true },
+        Op::PutModule {
+            module: ModuleSpec { device_id: "d1".into(), module_id: "m1".into(), managed_by: None, auth: auth() },
+            if_match: None,
+        },
+        Op::DeleteModule { device_id: m.device_id.clone(), module_id: "m1".into(), if_match: None },
+        Op::UpdateTwin { id: TwinId::device("nope"), patch_json: "{}".into(), if_match: None },
+        Op::DeleteDevice { device_id: "d2".into(), if_match: None },
+    ];
+    let (mut loud, mut quiet) = (Fixture::new(), Fixture::new());
+    let mut heard_events = 0;
+    for op in ops {
+        let (a, b) = (loud.cmd(op.clone()), quiet.cmd(op));
+        let heard = loud.state.apply(&a);
+        let unheard = quiet.state.apply_quietly(&b);
+        assert_eq!(heard.result, unheard.result);
+        heard_events += heard.events.len();
+        assert!(unheard.events.is_empty(), "{:?}", unheard.events);
+        assert_eq!(loud.state, quiet.state);
+    }
+    assert!(heard_events >= 9, "the loud replica built {heard_events} events");
+    assert!(quiet.state.tag_index_is_consistent());
+}
