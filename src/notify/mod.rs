@@ -396,7 +396,7 @@ impl Hub {
         }
     }
 
-    /// Whether `n` changes about to be published can never be read (see [`FeedState::issued`]); if
+    /// Whether `n` changes about to be published can never be read (see the hub's `issued`); if
     /// so they take their sequence numbers now and are dropped.
     fn unobserved(&self, n: usize) -> bool {
         let mut st = lock(&self.feed);
