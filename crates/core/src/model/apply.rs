@@ -493,6 +493,7 @@ impl ShardState {
         if let Some(t) = &tags {
             self.retag(id, t);
         }
+        let quiet = self.quiet;
         let twin = self.twin_doc_mut(id)?;
         twin.etag = etag;
         twin.version = version;
@@ -503,10 +504,9 @@ impl ShardState {
         if let Some(d) = desired {
             twin.desired = d;
         }
-        if self.quiet {
+        if quiet {
             return Ok(());
         }
-        let twin = self.twin_doc(id)?;
         let mut change = Map::new();
         change.insert("version".into(), Value::from(version));
         if let Some(p) = &tags_patch {
@@ -594,14 +594,14 @@ impl ShardState {
         // A reported patch is device activity: `lastActivityTime` follows it, at the command's own
         // timestamp so that every replica writes the same value.
         self.identity_mut(id)?.last_activity = at;
+        let quiet = self.quiet;
         let twin = self.twin_doc_mut(id)?;
         twin.version = version;
         twin.reported_version = reported_version;
         twin.reported = reported;
-        if self.quiet {
+        if quiet {
             return Ok(Reply::Reported { version: reported_version });
         }
-        let twin = self.twin_doc(id)?;
         let mut section = patch.clone();
         section.insert("$metadata".into(), twin.reported.patch_metadata(patch, false));
         section.insert("$version".into(), Value::from(reported_version));
