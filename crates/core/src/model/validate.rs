@@ -139,7 +139,7 @@ fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinErro
 /// give a result over the limit (apply checks the merged result itself).
 fn check_section(s: Section<'_>, path: &str, limit: usize) -> Result<(), TwinError> {
     let Section::Object(m) = s else { return Ok(()) };
-    check_members(m, path, 0)?;
+    check_members(m, Path::Root(path), 0)?;
     check_size(path, map_size(m), limit)
 }
 
@@ -154,16 +154,34 @@ pub fn check_size(path: &str, size: usize, limit: usize) -> Result<(), TwinError
     Ok(())
 }
 
-fn check_members(m: &Map<String, Value>, path: &str, level: usize) -> Result<(), TwinError> {
+/// Where in a document a check is, spelled out only when a check fails: every member of every write
+/// passes through here, and most writes are valid.
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Root(&'a str),
+    Member(&'a Path<'a>, &'a str),
+    Index(&'a Path<'a>, usize),
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Root(p) => f.write_str(p),
+            Path::Member(parent, k) => write!(f, "{parent}.{k}"),
+            Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
+fn check_members(m: &Map<String, Value>, path: Path<'_>, level: usize) -> Result<(), TwinError> {
     for (k, v) in m {
-        let child = format!("{path}.{k}");
         check_key(path, k)?;
-        check_value(v, &child, level + 1)?;
+        check_value(v, Path::Member(&path, k), level + 1)?;
     }
     Ok(())
 }
 
-fn check_key(path: &str, key: &str) -> Result<(), TwinError> {
+fn check_key(path: Path<'_>, key: &str) -> Result<(), TwinError> {
     if key.is_empty() {
         return Err(invalid(&format!("empty key in {path}")));
     }
@@ -180,7 +198,7 @@ fn check_key(path: &str, key: &str) -> Result<(), TwinError> {
 }
 
 /// `level` is the level a container at `path` would have.
-fn check_value(v: &Value, path: &str, level: usize) -> Result<(), TwinError> {
+fn check_value(v: &Value, path: Path<'_>, level: usize) -> Result<(), TwinError> {
     match v {
         Value::Null | Value::Bool(_) => Ok(()),
         Value::Number(n) => check_number(n, path),
@@ -194,20 +212,21 @@ fn check_value(v: &Value, path: &str, level: usize) -> Result<(), TwinError> {
         }
         Value::Array(items) => {
             check_level(path, level)?;
-            items.iter().enumerate().try_for_each(|(i, item)| check_value(item, &format!("{path}[{i}]"), level + 1))
+            items.iter().enumerate().try_for_each(|(i, item)| check_value(item, Path::Index(&path, i), level + 1))
         }
     }
 }
 
-fn check_level(path: &str, level: usize) -> Result<(), TwinError> {
+fn check_level(path: Path<'_>, level: usize) -> Result<(), TwinError> {
     if level > MAX_DEPTH {
         return Err(invalid(&format!("{path} is nested {level} levels deep, over the maximum depth of {MAX_DEPTH}")));
     }
     Ok(())
 }
 
-fn check_number(n: &Number, path: &str) -> Result<(), TwinError> {
-    let text = n.to_string();
+fn check_number(n: &Number, path: Path<'_>) -> Result<(), TwinError> {
+    // Numbers keep their JSON text (serde_json's `arbitrary_precision`), so it is read, not rendered.
+    let text = n.as_str();
     if text.contains(['.', 'e', 'E']) {
         return match n.as_f64() {
             Some(f) if f.is_finite() => Ok(()),
@@ -232,7 +251,7 @@ pub fn doc_size(v: &Value) -> usize {
         Value::Null => 4,
         Value::Bool(true) => 4,
         Value::Bool(false) => 5,
-        Value::Number(n) => n.to_string().chars().count(),
+        Value::Number(n) => n.as_str().chars().count(),
         Value::String(s) => text_size(s),
         Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(doc_size).sum::<usize>(),
         Value::Object(m) => {
@@ -243,19 +262,17 @@ pub fn doc_size(v: &Value) -> usize {
 
 /// Size of an object patch without its removals (members whose value is `null`, at any level).
 pub fn map_size(m: &Map<String, Value>) -> usize {
-    let kept: Vec<(&String, &Value)> = m.iter().filter(|(_, v)| !v.is_null()).collect();
-    2 + kept.len().saturating_sub(1)
-        + kept
-            .iter()
-            .map(|(k, v)| {
-                text_size(k)
-                    + 1
-                    + match v {
-                        Value::Object(inner) => map_size(inner),
-                        other => doc_size(other),
-                    }
-            })
-            .sum::<usize>()
+    let (mut kept, mut members) = (0usize, 0usize);
+    for (k, v) in m.iter().filter(|(_, v)| !v.is_null()) {
+        kept += 1;
+        members += text_size(k)
+            + 1
+            + match v {
+                Value::Object(inner) => map_size(inner),
+                other => doc_size(other),
+            };
+    }
+    2 + kept.saturating_sub(1) + members
 }
 
 fn invalid(msg: &str) -> TwinError {
