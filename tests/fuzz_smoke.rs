@@ -720,8 +720,10 @@ mod seeds {
         use openraft::vote::RaftLeaderId;
         let log_id =
             |index| twinhub::shard::types::LogId::new(openraft::impls::leader_id_adv::LeaderId::new(5u64, 2u64), index);
-        let entry =
-            twinhub::shard::types::Entry { log_id: log_id(10), payload: openraft::EntryPayload::Normal(cmd.clone()) };
+        let entry = twinhub::shard::types::Entry {
+            log_id: log_id(10),
+            payload: openraft::EntryPayload::Normal(std::sync::Arc::new(cmd.clone())),
+        };
         let append = openraft::raft::AppendEntriesRequest::<TypeConfig> {
             vote: openraft::impls::Vote::new_committed(5, 2),
             prev_log_id: Some(log_id(9)),

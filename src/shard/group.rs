@@ -1,7 +1,7 @@
 //! One shard's handle: its Raft group and applied state, the proposer that hands pipelined writes to
 //! Raft in call order, and linearizable reads (a local read index, or the leader's over the transport).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
@@ -31,6 +31,8 @@ pub struct Shard {
     pub(super) raft: Raft,
     pub(super) transport: Option<crate::cluster::transport::Transport>,
     pub(super) state: SharedState,
+    /// Progress toward its next snapshot (see [`Shards::snapshot_heavy_groups`](super::Shards)).
+    pub(super) work: std::sync::Arc<crate::storage::state_machine::SnapshotWork>,
     /// Pipelined proposals, in call order, to the task that hands them to Raft. `None` once shut down.
     pub(super) proposals: Mutex<Option<mpsc::UnboundedSender<(Command, Reply)>>>,
 }
@@ -38,7 +40,7 @@ pub struct Shard {
 impl Shard {
     /// Proposes a command and waits until it is committed (durable on a majority) and applied.
     pub async fn write(&self, cmd: Command) -> Result<Applied, ShardError> {
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(cmd)).await {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(Arc::new(cmd))).await {
             Err(_) => Err(ShardError::Timeout { shard: self.id }),
             Ok(Ok(resp)) => Ok(resp.data),
             Ok(Err(RaftError::APIError(e))) => Err(write_error(self.id, e)),
@@ -193,7 +195,7 @@ impl Shard {
                 let _ = reply.send(out);
             });
             // On a fatal error the responder is dropped unanswered and reports why itself.
-            let _ = raft.client_write_ff(cmd, Some(responder)).await;
+            let _ = raft.client_write_ff(Arc::new(cmd), Some(responder)).await;
         }
     }
 }

@@ -1,32 +1,40 @@
 //! openraft's log storage for one shard, on the node's shared fjall database.
 //!
-//! Reads go straight to fjall; every write is a request to the group-commit writer, which makes it
-//! visible before `append` returns and durable before the `IOFlushed` callback fires.
+//! Every write is a request to the group-commit writer, which makes it visible before `append` returns
+//! and durable before the `IOFlushed` callback fires. Reads of the newest entries (replication, apply)
+//! come from a [`LogCache`] kept beside it; older ones from fjall.
 
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
 use super::group_commit::{Item, Space};
+use super::log_cache::{LogCache, DEFAULT_MAX_BYTES};
 use super::store::{encode, log_key, MetaKey, Store};
 use super::types::{Entry, LogId, TypeConfig, Vote};
 use crate::ids::ShardId;
 
-/// The log of one shard. Cheap to clone: clones are the log readers replication tasks use.
+/// The log of one shard. Cheap to clone: clones are the log readers replication tasks use, and they
+/// share one cache.
 #[derive(Clone)]
 pub struct LogStore {
     shard: ShardId,
     store: Arc<Store>,
+    cache: Arc<Mutex<LogCache>>,
 }
 
 impl LogStore {
     pub fn new(shard: ShardId, store: Arc<Store>) -> Self {
-        LogStore { shard, store }
+        LogStore { shard, store, cache: Arc::new(Mutex::new(LogCache::new(DEFAULT_MAX_BYTES))) }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, LogCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -50,6 +58,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
         let (start, end) = bounds(&range);
+        if let Some(hit) = self.cache().get(start, end) {
+            return Ok(hit);
+        }
         self.store.entries(self.shard, start, end)
     }
 
@@ -98,21 +109,35 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut items = Vec::new();
+        let mut encoded = Vec::new();
         for e in entries {
-            items.push(Item::Put(Space::Log, log_key(self.shard, e.index()), encode(&e)?));
+            let bytes = encode(&e)?;
+            encoded.push((e, bytes));
+        }
+        // Cached before the writer makes the entries visible in fjall, and only once all of them
+        // encoded: the cache never holds an entry the log will not have.
+        let mut items = Vec::with_capacity(encoded.len());
+        {
+            let mut cache = self.cache();
+            for (e, bytes) in encoded {
+                let index = e.index();
+                cache.push(e, bytes.len());
+                items.push(Item::Put(Space::Log, log_key(self.shard, index), bytes));
+            }
         }
         self.store.writer.append(items, callback).await
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map(|l| l.index + 1).unwrap_or(0);
+        self.cache().truncate_from(from);
         let items = self.store.delete_range(self.shard, from, u64::MAX)?;
         self.store.writer.write(items).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         // The marker and the deletions are one batch: a crash never leaves a hole below a stale marker.
+        self.cache().purge_upto(log_id.index);
         let mut items = vec![Store::put_meta(self.shard, MetaKey::LastPurged, &log_id)?];
         items.extend(self.store.delete_range(self.shard, 0, log_id.index + 1)?);
         self.store.writer.write(items).await

@@ -7,6 +7,7 @@
 //! - [`store`]: fjall handles, key layout, reads.
 //! - [`group_commit`]: the single writer.
 //! - [`log_store`]: openraft's `RaftLogStorage` for one shard.
+//! - [`log_cache`]: the newest entries of a shard's log in memory, for replication and apply.
 //! - [`snapshot_files`]: one durable snapshot file per shard.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
 //!
@@ -14,6 +15,7 @@
 //! cluster transport carries these types, and the shard layer runs groups over them.
 
 pub mod group_commit;
+pub mod log_cache;
 pub mod log_store;
 pub mod snapshot_files;
 pub mod state_machine;

@@ -2,6 +2,7 @@
 //! pipelined proposal answer its caller straight from the apply path.
 
 use std::fmt;
+use std::sync::Arc;
 
 use openraft::raft::responder::Responder;
 use openraft::OptionalSend;
@@ -29,14 +30,16 @@ impl fmt::Display for Node {
 pub struct TypeConfig {}
 
 impl openraft::RaftTypeConfig for TypeConfig {
-    type D = Command;
+    /// Shared, so that the log cache, replication and apply hand an entry around without copying
+    /// its command (serialized exactly as a bare `Command`: the log and wire formats are unchanged).
+    type D = Arc<Command>;
     type R = Applied;
     type NodeId = NodeId;
     type Node = Node;
     type Term = u64;
     type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, NodeId>;
     type Vote = openraft::impls::Vote<Self::LeaderId>;
-    type Payload = openraft::EntryPayload<Command, NodeId, Node>;
+    type Payload = openraft::EntryPayload<Arc<Command>, NodeId, Node>;
     type Entry = openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
     type AsyncRuntime = openraft::TokioRuntime;
     type Responder<T>

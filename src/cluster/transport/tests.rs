@@ -173,7 +173,7 @@ async fn must_agree_on_leader(nodes: &[&TestNode], not: Option<NodeId>) -> NodeI
 async fn must_put_device(leader: &TestNode, id: &str) -> u64 {
     let deadline = Instant::now() + WAIT;
     loop {
-        match leader.raft.client_write(put_device(id)).await {
+        match leader.raft.client_write(std::sync::Arc::new(put_device(id))).await {
             Ok(resp) => {
                 assert!(matches!(resp.data.result, Ok(Reply::Device(_))), "{:?}", resp.data.result);
                 return resp.log_id.index;
