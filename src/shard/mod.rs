@@ -257,20 +257,24 @@ impl Shards {
         Ok(shards)
     }
 
-    /// Asks every hosted group whose applied work since its last snapshot reached
-    /// [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes for a snapshot now. Raft's own policy
-    /// counts log entries, and one bulk registry entry carries up to a hundred twin writes: a
-    /// bulk-loaded shard could reach millions of writes with no snapshot, which a restart then
-    /// re-applies one by one (decoding a snapshot is cheaper). A group already building one ignores
-    /// the request.
+    /// Asks the hosted group with the most applied work since its last snapshot, if that reached
+    /// [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes, for a snapshot now — one group at a
+    /// time, none while another is being built. Raft's own policy counts log entries, and one bulk
+    /// registry entry carries up to a hundred twin writes: a bulk-loaded shard could reach millions of
+    /// writes with no snapshot, which a restart then re-applies one by one (decoding a snapshot is
+    /// cheaper). One at a time because a uniform load brings every shard to the threshold at once:
+    /// sixteen shards encoding and writing tens of megabytes together on every node saturated the
+    /// machine for seconds, long enough for elections in every group.
     pub async fn snapshot_heavy_groups(&self) {
         let every = self.config.snapshot_every.max(1).saturating_mul(WORK_PER_SNAPSHOT);
-        for s in self.hosted() {
-            let work = s.state.read().unwrap_or_else(|e| e.into_inner()).work_since_snapshot.load(Ordering::Relaxed);
-            if work >= every {
-                if let Err(e) = s.raft.trigger().snapshot().await {
-                    tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
-                }
+        let hosted = self.hosted();
+        if hosted.iter().any(|s| s.work.building()) {
+            return;
+        }
+        let heaviest = hosted.iter().max_by_key(|s| s.work.since_snapshot());
+        if let Some(s) = heaviest.filter(|s| s.work.since_snapshot() >= every) {
+            if let Err(e) = s.raft.trigger().snapshot().await {
+                tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
             }
         }
     }
@@ -338,6 +342,7 @@ impl Shards {
         };
         let sm = StateMachine::from_loaded(id, self.store.clone(), loaded, sink);
         let state = sm.shared();
+        let work = sm.work();
         let log = LogStore::new(id, self.store.clone());
         let network = NetworkFactory::new(self.router.clone(), id);
         let raft =
@@ -364,6 +369,7 @@ impl Shards {
             raft,
             transport: self.config.transport.clone(),
             state,
+            work,
             proposals: Mutex::new(Some(tx)),
         });
         if id != META {

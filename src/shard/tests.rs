@@ -13,7 +13,7 @@ use super::state_machine::StateMachine;
 use super::store::Store;
 use super::types::TypeConfig;
 use super::{Shards, ShardsConfig};
-use crate::ids::TwinId;
+use crate::ids::{ShardId, TwinId};
 use crate::model::{Command, DeviceSpec, Op, Reply};
 
 struct FjallBuilder;
@@ -188,5 +188,67 @@ async fn storage_failure_stops_the_shard_instead_of_acknowledging() {
     // Nothing of the failed writes was applied.
     let reported = shard.read_local(|s| s.twin(&TwinId::device("dev-f"))).expect("twin");
     assert!(reported["properties"]["reported"].get("n").is_none(), "{reported}");
+    shards.shutdown().await;
+}
+
+/// `n` device ids that live in `shard`.
+fn ids_in(shards: &Shards, shard: ShardId, n: usize) -> Vec<String> {
+    (0..).map(|i| format!("bulk-{i}")).filter(|id| shards.shard_of(id) == shard).take(n).collect()
+}
+
+/// One bulk registry command creating `ids`.
+fn bulk_creates(ids: &[String]) -> Command {
+    use crate::model::bulk::{BulkEntry, Identity, ImportMode};
+    let entries = ids
+        .iter()
+        .map(|id| BulkEntry {
+            id: TwinId::device(id),
+            mode: ImportMode::Create,
+            identity: Some(Identity::Device(DeviceSpec::test_sas(id))),
+            etag: None,
+            twin_etag: None,
+            tags_json: None,
+            desired_json: None,
+        })
+        .collect();
+    Command::new(Op::Bulk { entries }, 1_700_000_000_000)
+}
+
+/// Bulk-loaded shards reach the work threshold together; they are snapshotted one after the other,
+/// the heaviest first, never two at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_groups_are_snapshotted_one_at_a_time_heaviest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    // Raft's own policy (every 1,000 entries) stays out of the way; the work threshold is 4 × 1,000
+    // twin writes.
+    let shards = Shards::open(config(dir.path(), 3, 1000)).await.expect("open");
+    for (shard, n) in [(0, 4100), (1, 4500), (2, 4200)] {
+        let s = shards.local(shard).unwrap().clone();
+        for chunk in ids_in(&shards, shard, n).chunks(100) {
+            let applied = s.write(bulk_creates(chunk)).await.expect("bulk write");
+            assert!(applied.result.is_ok(), "{:?}", applied.result);
+        }
+    }
+    let snapshotted = |shards: &Shards| -> Vec<ShardId> {
+        (0..3).filter(|&id| shards.local(id).unwrap().raft.metrics().borrow_watched().snapshot.is_some()).collect()
+    };
+    assert!(snapshotted(&shards).is_empty(), "no snapshot before the work policy runs");
+    let wait_for = |id: ShardId| {
+        let raft = shards.local(id).unwrap().raft.clone();
+        async move {
+            raft.wait(Some(std::time::Duration::from_secs(20)))
+                .metrics(|m| m.snapshot.is_some(), "snapshot built")
+                .await
+                .expect("snapshot");
+        }
+    };
+    shards.snapshot_heavy_groups().await;
+    wait_for(1).await;
+    assert_eq!(snapshotted(&shards), [1], "one group, the heaviest");
+    shards.snapshot_heavy_groups().await;
+    wait_for(2).await;
+    assert_eq!(snapshotted(&shards), [1, 2]);
+    shards.snapshot_heavy_groups().await;
+    wait_for(0).await;
     shards.shutdown().await;
 }

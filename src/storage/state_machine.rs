@@ -6,8 +6,9 @@
 //! acknowledged write is back and `$version` continues.
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockWriteGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use openraft::entry::RaftEntry;
@@ -19,15 +20,58 @@ use super::types::{LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership
 use crate::ids::ShardId;
 use crate::model::{Applied, Reply, ShardState};
 
+/// How long apply runs before it lets the other tasks of its worker thread go first. A follower
+/// applying a long run of bulk entries otherwise holds one of the node's few worker threads for tens
+/// of milliseconds, and heartbeats and votes queued behind it wait: under a fast bulk load that was
+/// enough to start elections. Entries stream in already committed, so pausing between two of them
+/// changes nothing but timing.
+const APPLY_SLICE: Duration = Duration::from_millis(2);
+
 /// Applied state of a shard, shared with the shard's readers.
 #[derive(Default)]
 pub struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
     pub state: ShardState,
+}
+
+/// How far a shard is from its next snapshot, readable without the state lock (a snapshot holds it
+/// while it encodes, and a scheduler waiting for it would wait as long).
+#[derive(Debug, Default)]
+pub struct SnapshotWork {
     /// Twin writes applied since the last snapshot ([`crate::model::Command::weight`]): what a
-    /// restart would re-apply. Reset when a snapshot is built (under the read lock, hence atomic).
-    pub work_since_snapshot: AtomicU64,
+    /// restart would re-apply. Reset when a snapshot starts encoding.
+    since: AtomicU64,
+    /// A snapshot of this shard is being built.
+    building: AtomicBool,
+    /// Bytes of the last snapshot built, to size the next one's buffer.
+    last_len: AtomicUsize,
+}
+
+impl SnapshotWork {
+    pub fn since_snapshot(&self) -> u64 {
+        self.since.load(Ordering::Relaxed)
+    }
+
+    pub fn building(&self) -> bool {
+        self.building.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks a snapshot as being built until dropped (also when the build fails or is abandoned).
+struct Building(Arc<SnapshotWork>);
+
+impl Building {
+    fn start(work: &Arc<SnapshotWork>) -> Building {
+        work.building.store(true, Ordering::Relaxed);
+        Building(Arc::clone(work))
+    }
+}
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        self.0.building.store(false, Ordering::Relaxed);
+    }
 }
 
 pub type SharedState = Arc<RwLock<AppliedState>>;
@@ -61,6 +105,7 @@ pub struct StateMachine {
     /// Meta of the durable snapshot; serializes snapshot writes so an older one never replaces a newer.
     snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
     events: Option<GroupSink>,
+    work: Arc<SnapshotWork>,
 }
 
 /// Where the events of one group's applied commands go.
@@ -117,11 +162,16 @@ impl StateMachine {
             shared: Arc::new(RwLock::new(loaded.applied)),
             snapshot: Arc::new(Mutex::new(loaded.meta)),
             events,
+            work: Arc::default(),
         }
     }
 
     pub fn shared(&self) -> SharedState {
         self.shared.clone()
+    }
+
+    pub fn work(&self) -> Arc<SnapshotWork> {
+        self.work.clone()
     }
 
     fn builder(&self) -> SnapshotBuilder {
@@ -130,6 +180,7 @@ impl StateMachine {
             store: self.store.clone(),
             shared: self.shared.clone(),
             snapshot: self.snapshot.clone(),
+            work: self.work.clone(),
         }
     }
 }
@@ -172,6 +223,7 @@ pub struct SnapshotBuilder {
     store: Arc<Store>,
     shared: SharedState,
     snapshot: Arc<Mutex<Option<SnapshotMeta>>>,
+    work: Arc<SnapshotWork>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -180,12 +232,19 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Encoding a large shard takes long: on the blocking pool, not on an async worker that Raft
         // heartbeats are queued behind.
-        let shared = Arc::clone(&self.shared);
+        let _building = Building::start(&self.work);
+        let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
         let (meta, data) = tokio::task::spawn_blocking(move || {
             let a = shared.read().unwrap_or_else(|e| e.into_inner());
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-            a.work_since_snapshot.store(0, Ordering::Relaxed);
-            (meta, a.state.encode_snapshot())
+            work.since.store(0, Ordering::Relaxed);
+            // The shard grew since its last snapshot: a little room avoids one doubling; a first
+            // snapshot guesses a kilobyte per device (room not written to is never resident).
+            let last = work.last_len.load(Ordering::Relaxed);
+            let hint = (last + last / 8).max(a.state.device_count().saturating_mul(1024) + (64 << 10));
+            let data = a.state.encode_snapshot_sized(hint);
+            work.last_len.store(data.len(), Ordering::Relaxed);
+            (meta, data)
         })
         .await
         .map_err(io::Error::other)?;
@@ -207,7 +266,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     where
         Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
+        let mut slice_started = Instant::now();
         while let Some(item) = entries.next().await {
+            if slice_started.elapsed() >= APPLY_SLICE {
+                tokio::task::yield_now().await;
+                slice_started = Instant::now();
+            }
             let (entry, responder) = item?;
             let log_id = entry.log_id();
             // Asked per entry, before the state lock: a consumer that starts listening misses at most
@@ -219,7 +283,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 match &entry.payload {
                     EntryPayload::Blank => reply_done(),
                     EntryPayload::Normal(cmd) => {
-                        a.work_since_snapshot.fetch_add(cmd.weight(), Ordering::Relaxed);
+                        self.work.since.fetch_add(cmd.weight(), Ordering::Relaxed);
                         if wanted {
                             a.state.apply(cmd)
                         } else {

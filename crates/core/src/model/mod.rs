@@ -431,7 +431,18 @@ impl ShardState {
     /// Serialising these types cannot fail (string map keys only, no foreign types); an empty vector
     /// would be refused by `decode_snapshot` rather than silently read as an empty shard.
     pub fn encode_snapshot(&self) -> Vec<u8> {
-        serde_json::to_vec(&Snapshot { format: SNAPSHOT_FORMAT, state: self }).unwrap_or_default()
+        self.encode_snapshot_sized(0)
+    }
+
+    /// [`ShardState::encode_snapshot`] into a buffer allocated for `size_hint` bytes (the size of the
+    /// shard's previous snapshot, say). A snapshot of a loaded shard is tens of megabytes: grown by
+    /// doubling, it was copied and faulted in again at every step, which cost more than encoding it.
+    pub fn encode_snapshot_sized(&self, size_hint: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(size_hint);
+        match serde_json::to_writer(&mut out, &Snapshot { format: SNAPSHOT_FORMAT, state: self }) {
+            Ok(()) => out,
+            Err(_) => Vec::new(),
+        }
     }
 
     pub fn decode_snapshot(bytes: &[u8]) -> Result<ShardState, String> {
