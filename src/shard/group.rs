@@ -32,7 +32,7 @@ pub struct Shard {
     pub(super) transport: Option<crate::cluster::transport::Transport>,
     pub(super) state: SharedState,
     /// Progress toward its next snapshot (see [`Shards::snapshot_heavy_groups`](super::Shards)).
-    pub(super) work: std::sync::Arc<crate::storage::state_machine::SnapshotWork>,
+    pub(super) work: Arc<crate::storage::state_machine::SnapshotWork>,
     /// Pipelined proposals, in call order, to the task that hands them to Raft. `None` once shut down.
     pub(super) proposals: Mutex<Option<mpsc::UnboundedSender<(Command, Reply)>>>,
 }
