@@ -188,6 +188,16 @@ fn register_defaults() {
         "twinhub_storage_batch_requests",
         "Storage requests (log appends of every shard) covered by one fsync."
     );
+    metrics::describe_histogram!(
+        "twinhub_snapshot_encode_seconds",
+        metrics::Unit::Seconds,
+        "Time to encode one shard snapshot (off the state lock; apply goes on meanwhile)."
+    );
+    metrics::describe_counter!(
+        "twinhub_snapshot_bytes_total",
+        metrics::Unit::Bytes,
+        "Bytes of shard snapshots built by this node."
+    );
     metrics::describe_gauge!(
         "twinhub_data_dir_free_bytes",
         metrics::Unit::Bytes,

@@ -235,14 +235,21 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let _building = Building::start(&self.work);
         let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
         let (meta, data) = tokio::task::spawn_blocking(move || {
-            let a = shared.read().unwrap_or_else(|e| e.into_inner());
-            let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-            work.since.store(0, Ordering::Relaxed);
+            // The state is held only while its image is taken; apply goes on during the encoding.
+            let (meta, image) = {
+                let a = shared.read().unwrap_or_else(|e| e.into_inner());
+                let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+                work.since.store(0, Ordering::Relaxed);
+                (meta, a.state.snapshot_image())
+            };
             // The shard grew since its last snapshot: a little room avoids one doubling; a first
             // snapshot guesses a kilobyte per device (room not written to is never resident).
             let last = work.last_len.load(Ordering::Relaxed);
-            let hint = (last + last / 8).max(a.state.device_count().saturating_mul(1024) + (64 << 10));
-            let data = a.state.encode_snapshot_sized(hint);
+            let hint = (last + last / 8).max(image.device_count().saturating_mul(1024) + (64 << 10));
+            let started = Instant::now();
+            let data = image.encode(hint);
+            metrics::histogram!("twinhub_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
+            metrics::counter!("twinhub_snapshot_bytes_total").increment(data.len() as u64);
             work.last_len.store(data.len(), Ordering::Relaxed);
             (meta, data)
         })

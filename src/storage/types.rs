@@ -53,7 +53,7 @@ impl openraft::RaftTypeConfig for TypeConfig {
     type ErrorSource = openraft::impls::BoxedErrorSource;
 }
 
-/// Snapshot payload of a shard: `ShardState::encode_snapshot` bytes (meta travels separately).
+/// Snapshot payload of a shard: `SnapshotImage::encode` bytes (meta travels separately).
 pub type SnapshotData = Vec<u8>;
 
 pub type Raft = openraft::Raft<TypeConfig, super::state_machine::StateMachine>;

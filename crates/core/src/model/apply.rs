@@ -126,6 +126,7 @@ impl ShardState {
                 let entry = self
                     .devices
                     .get_mut(device.device_id.as_str())
+                    .map(Arc::make_mut)
                     .ok_or_else(|| TwinError::DeviceNotFound(device.device_id.clone()))?;
                 let parents: Box<[String]> = parent_scope.iter().cloned().collect();
                 if entry.iot_edge {
@@ -202,6 +203,7 @@ impl ShardState {
         let dev = self
             .devices
             .get_mut(id.device_id.as_str())
+            .map(Arc::make_mut)
             .ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.twin),
@@ -224,6 +226,7 @@ impl ShardState {
         let dev = self
             .devices
             .get_mut(id.device_id.as_str())
+            .map(Arc::make_mut)
             .ok_or_else(|| TwinError::DeviceNotFound(id.device_id.clone()))?;
         match &id.module_id {
             None => Ok(&mut dev.identity),
@@ -281,13 +284,17 @@ impl ShardState {
                 }
                 let id: Arc<str> = id.into();
                 self.tag_index.add(&id, &entry.twin.tags);
-                self.devices.insert(id, Box::new(entry));
+                self.devices.insert(id, Arc::new(entry));
                 Ok(())
             }
             (Some(existing), Some(im)) => {
                 check_if_match(Some(im), existing.identity.etag, &format!("device {id}"))?;
                 let etag = self.next_etag();
-                let entry = self.devices.get_mut(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
+                let entry = self
+                    .devices
+                    .get_mut(id)
+                    .map(Arc::make_mut)
+                    .ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
                 if entry.status != spec.status {
                     entry.status_updated = cmd.timestamp_ms;
                 }
@@ -355,7 +362,11 @@ impl ShardState {
                     twin: TwinDoc::new(twin_etag),
                 };
                 let quiet = self.quiet;
-                let dev = self.devices.get_mut(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
+                let dev = self
+                    .devices
+                    .get_mut(did)
+                    .map(Arc::make_mut)
+                    .ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
                 if !quiet {
                     events.push(Event::Lifecycle {
                         id: TwinId::module(did, mid),
@@ -373,7 +384,7 @@ impl ShardState {
                 let entry = self
                     .devices
                     .get_mut(did)
-                    .and_then(|d| d.modules.get_mut(mid))
+                    .and_then(|d| Arc::make_mut(d).modules.get_mut(mid))
                     .ok_or_else(|| module_err(|device, module| TwinError::ModuleNotFound { device, module }))?;
                 entry.identity.auth = merged_auth(&entry.identity.auth, &spec.auth);
                 entry.managed_by = spec.managed_by.clone();
@@ -399,7 +410,7 @@ impl ShardState {
             events.push(Event::Lifecycle { id, op_type: "deleteModuleIdentity".into(), body });
         }
         if let Some(dev) = self.devices.get_mut(did) {
-            dev.modules.remove(mid);
+            Arc::make_mut(dev).modules.remove(mid);
         }
         Ok(Reply::Done)
     }

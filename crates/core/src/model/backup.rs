@@ -62,7 +62,7 @@ impl ShardState {
             if !self.devices.contains_key(id.as_str()) {
                 let key: std::sync::Arc<str> = id.as_str().into();
                 self.tag_index.add(&key, &entry.twin.tags);
-                self.devices.insert(key, Box::new(entry.clone()));
+                self.devices.insert(key, std::sync::Arc::new(entry.clone()));
                 inserted += 1;
                 for (job, rows) in &page.device_jobs {
                     if let Some(row) = rows.get(id) {

@@ -28,7 +28,32 @@ pub enum NodeValue {
     /// The number's exact text (serde_json's `arbitrary_precision`), so nothing is rounded.
     Number(Box<str>),
     String(Box<str>),
-    Array(Box<Value>),
+    Array(#[serde(with = "array_text")] Box<Value>),
+}
+
+/// An array value as itself in JSON and as its JSON text in binary formats, which cannot read a
+/// `Value` back (it needs a self-describing format).
+mod array_text {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(v: &Value, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            v.serialize(s)
+        } else {
+            s.serialize_str(&v.to_string())
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Box<Value>, D::Error> {
+        if d.is_human_readable() {
+            Box::<Value>::deserialize(d)
+        } else {
+            let text = String::deserialize(d)?;
+            serde_json::from_str(&text).map_err(D::Error::custom)
+        }
+    }
 }
 
 impl Node {

@@ -20,6 +20,7 @@ mod json_text;
 pub mod method;
 mod registry;
 mod reply;
+mod snapshot;
 pub mod tag_index;
 pub mod time;
 pub mod validate;
@@ -33,6 +34,7 @@ pub use error::TwinError;
 pub use json_text::JsonText;
 pub use registry::{edge_scope_device, TwinDoc, TwinRef};
 pub use reply::UnexpectedReply;
+pub use snapshot::SnapshotImage;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -127,9 +129,11 @@ pub struct DeviceStats {
 pub struct ShardState {
     /// Devices by id; each holds its twin and its modules (with their twins), so deleting a device
     /// deletes everything under it at once. The id is shared with the tag index, and the entry is
-    /// boxed: a map slot then holds 24 bytes instead of the whole entry, whose ~500 bytes would sit
-    /// in B-tree nodes that are, on average, a third empty.
-    devices: BTreeMap<Arc<str>, Box<DeviceEntry>>,
+    /// behind a pointer: a map slot then holds 24 bytes instead of the whole entry, whose ~500 bytes
+    /// would sit in B-tree nodes that are, on average, a third empty. The pointer is shared so that a
+    /// [`SnapshotImage`] copies the map, not the twins: apply copies an entry (`Arc::make_mut`) only
+    /// when it changes one that an image being encoded still holds.
+    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
     /// Last etag counter handed out (twin and identity etags). Only grows: etags are never reused.
     etag_seq: u64,
     /// Recent outcomes by request id (at-most-once).
@@ -162,16 +166,6 @@ pub struct ShardState {
     #[serde(skip)]
     quiet: bool,
 }
-
-/// Snapshot envelope. JSON rather than postcard because documents hold arbitrary JSON (arrays), which
-/// postcard cannot carry; `format` lets a later layout be read next to this one.
-#[derive(Serialize, Deserialize)]
-struct Snapshot<S> {
-    format: u32,
-    state: S,
-}
-
-const SNAPSHOT_FORMAT: u32 = 1;
 
 impl ShardState {
     /// [`ShardState::apply`] for a replica whose events nobody can receive (no feed position handed
@@ -425,35 +419,6 @@ impl ShardState {
         let total = self.devices.len() as u64;
         let enabled = self.devices.values().filter(|d| d.status == Status::Enabled).count() as u64;
         DeviceStats { total, enabled, disabled: total - enabled }
-    }
-
-    /// Serializes the whole state for a Raft snapshot.
-    /// Serialising these types cannot fail (string map keys only, no foreign types); an empty vector
-    /// would be refused by `decode_snapshot` rather than silently read as an empty shard.
-    pub fn encode_snapshot(&self) -> Vec<u8> {
-        self.encode_snapshot_sized(0)
-    }
-
-    /// [`ShardState::encode_snapshot`] into a buffer allocated for `size_hint` bytes (the size of the
-    /// shard's previous snapshot, say). A snapshot of a loaded shard is tens of megabytes: grown by
-    /// doubling, it was copied and faulted in again at every step, which cost more than encoding it.
-    pub fn encode_snapshot_sized(&self, size_hint: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(size_hint);
-        match serde_json::to_writer(&mut out, &Snapshot { format: SNAPSHOT_FORMAT, state: self }) {
-            Ok(()) => out,
-            Err(_) => Vec::new(),
-        }
-    }
-
-    pub fn decode_snapshot(bytes: &[u8]) -> Result<ShardState, String> {
-        let snap: Snapshot<ShardState> =
-            serde_json::from_slice(bytes).map_err(|e| format!("corrupt shard snapshot: {e}"))?;
-        if snap.format != SNAPSHOT_FORMAT {
-            return Err(format!("unknown shard snapshot format {}", snap.format));
-        }
-        let mut state = snap.state;
-        state.tag_index = state.rebuilt_tag_index();
-        Ok(state)
     }
 }
 

@@ -21,7 +21,8 @@ pub struct Identity {
     pub last_activity: i64,
     /// The MQTT subscriptions (filter, QoS) of the identity's persistent session, kept through Raft so
     /// that a device reconnecting to any node finds them (IoT Hub keeps sessions across its gateways).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Always written (never skipped when empty): binary snapshots have no field names to miss.
+    #[serde(default)]
     pub subscriptions: Vec<(String, u8)>,
 }
 
@@ -75,7 +76,7 @@ pub struct TwinDoc {
     pub reported: Node,
     pub reported_version: i64,
     /// Configuration marks (id → `Applied` | `Targeted`), rendered as `configurations`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub configurations: BTreeMap<String, String>,
 }
 
