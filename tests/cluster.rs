@@ -113,6 +113,66 @@ async fn writes_through_every_http_front_door_land_on_the_owner() {
     c.assert_no_panics();
 }
 
+/// A bulk call through any node: the groups of shards other nodes lead travel there in one call per
+/// node, and every entry is answered from its own shard — good ones apply, a bad one fails alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_call_through_any_node_answers_every_entry_from_its_shard() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = Cluster::up(3, SHARDS);
+    let ids = c.ids();
+    c.settle_leadership().await;
+    let taken_before = c.api(ids[0]).must_create_device("bk-taken").await;
+    assert_eq!(taken_before["deviceId"], "bk-taken");
+    for via in &ids {
+        let api = c.api(*via);
+        let mut entries: Vec<Value> = (0..40)
+            .map(|i| json!({"id": format!("bk{via}-{i:02}"), "importMode": "create", "tags": {"via": via, "i": i}}))
+            .collect();
+        entries.insert(17, json!({"id": "bk-taken", "importMode": "create"}));
+        entries.push(json!({"id": format!("bk{via}-ghost"), "importMode": "updateTwin", "tags": {"a": 1}}));
+        let r = api.send("POST", "/devices", Some(&Value::Array(entries)), &[]).await;
+        assert_eq!(r.status, 400, "through node {via}: {}", r.text);
+        let body = r.json();
+        let errors = body["errors"].as_array().cloned().unwrap_or_default();
+        let failed: Vec<&str> = errors.iter().filter_map(|e| e["deviceId"].as_str()).collect();
+        assert_eq!(failed, ["bk-taken", format!("bk{via}-ghost").as_str()], "through node {via}: {body}");
+        assert_eq!(errors[0]["errorCode"], "DeviceAlreadyExists", "{body}");
+        assert_eq!(errors[1]["errorCode"], "DeviceNotFound", "{body}");
+    }
+    // One call updating a twin created through each node.
+    let updates: Vec<Value> = ids
+        .iter()
+        .map(
+            |via| json!({"id": format!("bk{via}-05"), "importMode": "updateTwin", "properties": {"desired": {"x": 1}}}),
+        )
+        .collect();
+    let r = c.api(ids[1]).send("POST", "/devices", Some(&Value::Array(updates)), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // Every created twin reads back the same through every node, with its tags and the later update.
+    for via in &ids {
+        for i in (0..40).step_by(5) {
+            let dev = format!("bk{via}-{i:02}");
+            for reader in &ids {
+                let t = c.api(*reader).must_get_twin(&dev).await;
+                assert_eq!(t["tags"]["via"], *via, "{dev} through node {reader}: {t}");
+                assert_eq!(t["tags"]["i"], i, "{dev} through node {reader}: {t}");
+                let x = if i == 5 { json!(1) } else { Value::Null };
+                assert_eq!(t["properties"]["desired"]["x"], x, "{dev} through node {reader}: {t}");
+            }
+        }
+    }
+    let mut forwarded = 0.0;
+    for id in &ids {
+        let page = c.api(*id).send("GET", "/metrics", None, &[]).await.text;
+        forwarded += page
+            .lines()
+            .find_map(|l| l.strip_prefix("twinhub_route_forwarded_total ").and_then(|v| v.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0);
+    }
+    assert!(forwarded > 0.0, "no bulk group went to another node");
+    c.assert_no_panics();
+}
+
 // ---------------------------------------------------------------------------------------------------
 // MQTT front door
 

@@ -3,7 +3,8 @@
 //! entry applied, 400 with the same body when some failed (what the SDKs expect).
 //!
 //! Entries are validated here first; a malformed entry fails alone. The valid ones are grouped by
-//! shard and each group goes through Raft as one command (see `model::bulk`), all shards at once.
+//! shard and each group goes through Raft as one command (see `model::bulk`), all shards at once; the
+//! groups of the shards another node leads travel to it in one call ([`crate::twin::Twins::write_many`]).
 
 use std::collections::BTreeMap;
 
@@ -150,12 +151,17 @@ pub async fn bulk(
         }
     }
     let at = now_ms();
-    let calls = by_shard.into_values().map(|group| async move {
+    let mut groups = Vec::with_capacity(by_shard.len());
+    let mut writes = Vec::with_capacity(by_shard.len());
+    for group in by_shard.into_values() {
         let (idx, entries): (Vec<usize>, Vec<BulkEntry>) = group.into_iter().unzip();
         let ids: Vec<(TwinId, ImportMode)> = entries.iter().map(|e| (e.id.clone(), e.mode)).collect();
-        let first = ids[0].0.clone();
-        let cmd = Command::new(Op::Bulk { entries }, at);
-        let outcome = match twins.write(&first, cmd).await {
+        writes.push((ids[0].0.clone(), Command::new(Op::Bulk { entries }, at)));
+        groups.push((idx, ids));
+    }
+    let answers = twins.write_many(writes).await;
+    for ((idx, ids), answer) in groups.into_iter().zip(answers) {
+        let outcome = match answer {
             Ok(applied) => match applied.result.map(Reply::into_bulk) {
                 Ok(Ok(o)) if o.len() == ids.len() => Ok(o),
                 Ok(Ok(o)) => Err(ApiError::Internal(format!("{} outcomes for {} bulk entries", o.len(), ids.len()))),
@@ -164,12 +170,11 @@ pub async fn bulk(
             },
             Err(e) => Err(ApiError::from(e)),
         };
-        let mut rows = Vec::new();
         match outcome {
             Ok(o) => {
                 for ((i, (id, mode)), err) in idx.into_iter().zip(ids).zip(o) {
                     if let Some(e) = err {
-                        rows.push((i, error_row(&id, Some(mode), &ApiError::from(e))));
+                        errors.push((i, error_row(&id, Some(mode), &ApiError::from(e))));
                     }
                 }
             }
@@ -177,14 +182,10 @@ pub async fn bulk(
             // of the call is safe, entries that did apply answer with their own errors next time.
             Err(e) => {
                 for (i, (id, mode)) in idx.into_iter().zip(ids) {
-                    rows.push((i, error_row(&id, Some(mode), &e)));
+                    errors.push((i, error_row(&id, Some(mode), &e)));
                 }
             }
         }
-        rows
-    });
-    for rows in futures::future::join_all(calls).await {
-        errors.extend(rows);
     }
     errors.sort_by_key(|(i, _)| *i);
     let ok = errors.is_empty();

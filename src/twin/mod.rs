@@ -78,6 +78,23 @@ impl Twins {
             });
         }
         if let Some(t) = &transport {
+            let registry = registry.clone();
+            t.handlers().register(Call::TwinWrites, move |_from, body: bytes::Bytes| {
+                let registry = registry.clone();
+                async move {
+                    let writes: Vec<(TwinId, Command)> =
+                        postcard::from_bytes(&body).map_err(|e| CallError(format!("bad forwarded writes: {e}")))?;
+                    // Like a single forwarded write: run here or answer NotLeader, never forwarded on.
+                    let runs = writes.into_iter().map(|(id, cmd)| {
+                        let registry = registry.clone();
+                        async move { registry.write(&id, cmd).await }
+                    });
+                    let r: Vec<Result<Applied, ShardError>> = futures::future::join_all(runs).await;
+                    serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
+                }
+            });
+        }
+        if let Some(t) = &transport {
             let shards = shards.clone();
             t.handlers().register(Call::TwinRead, move |_from, body: bytes::Bytes| {
                 let shards = shards.clone();
@@ -115,6 +132,63 @@ impl Twins {
                 continue;
             }
             return r;
+        }
+    }
+
+    /// [`Twins::write`] of several twins at once, answered in order. The first attempt sends the
+    /// writes of all shards one node leads in one forwarded call, not one call per shard: a bulk
+    /// registry call touches every shard, and per call the inter-node cost (a stream, signatures, a
+    /// task on each side) was comparable to the cost of the writes themselves. Whatever that attempt
+    /// does not settle (no leader known, a leader change, a lost call, a callee of an older release)
+    /// goes through [`Twins::write`] with its retries; the same request ids make that safe.
+    pub async fn write_many(&self, writes: Vec<(TwinId, Command)>) -> Vec<Result<Applied, ShardError>> {
+        let Some(t) = &self.transport else {
+            let runs = writes.iter().map(|(id, cmd)| self.write(id, cmd.clone()));
+            return futures::future::join_all(runs).await;
+        };
+        let mut by_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
+        for (i, (id, _)) in writes.iter().enumerate() {
+            if let Some(n) = self.shards.route(self.shards.shard_of(&id.device_id)).leader {
+                by_node.entry(n).or_default().push(i);
+            }
+        }
+        let mut first: Vec<Option<Result<Applied, ShardError>>> = writes.iter().map(|_| None).collect();
+        let calls = by_node.into_iter().filter(|(n, _)| *n != t.node_id()).map(|(n, idx)| {
+            let batch: Vec<&(TwinId, Command)> = idx.iter().map(|&i| &writes[i]).collect();
+            async move { (idx, self.forward_many(t, n, &batch).await) }
+        });
+        for (idx, answers) in futures::future::join_all(calls).await {
+            if let Some(answers) = answers.filter(|a| a.len() == idx.len()) {
+                for (i, a) in idx.into_iter().zip(answers) {
+                    first[i] = a.is_ok().then_some(a);
+                }
+            }
+        }
+        let runs = writes.iter().zip(first).map(|((id, cmd), settled)| async move {
+            match settled {
+                Some(r) => r,
+                None => self.write(id, cmd.clone()).await,
+            }
+        });
+        futures::future::join_all(runs).await
+    }
+
+    /// One forwarded call carrying `writes` to `node`; `None` if the call itself failed or its answer
+    /// could not be read (every write then goes its own way).
+    async fn forward_many(
+        &self,
+        t: &Transport,
+        node: NodeId,
+        writes: &[&(TwinId, Command)],
+    ) -> Option<Vec<Result<Applied, ShardError>>> {
+        let body = postcard::to_allocvec(writes).ok()?;
+        metrics::counter!("twinhub_route_forwarded_total").increment(writes.len() as u64);
+        match t.call(node, Call::TwinWrites, body.into(), Some(FORWARD_TIMEOUT)).await {
+            Ok(answer) => serde_json::from_slice(&answer).ok(),
+            Err(e) => {
+                tracing::debug!(node, "forwarding {} writes: {e}", writes.len());
+                None
+            }
         }
     }
 

@@ -69,6 +69,10 @@ pub enum Call {
     /// `serde_json(Result<Applied, ShardError>)` out (replies hold JSON documents, which postcard
     /// cannot carry).
     TwinWrite,
+    /// Runs several writes on this node, each in the group of its twin's shard (one forwarded bulk
+    /// call carries the writes of every shard the callee leads): `postcard(Vec<(TwinId, Command)>)`
+    /// in, `serde_json(Vec<Result<Applied, ShardError>>)` out, one answer per write, in order.
+    TwinWrites,
     /// Runs a read on a replica of the shard: `postcard((ShardId, ReadOp))` in,
     /// `serde_json(Result<ReadOut, ShardError>)` out.
     TwinRead,
@@ -111,8 +115,9 @@ pub enum TestCall {
 
 impl Call {
     /// Every call a node serves.
-    pub const ALL: [Call; 9] = [
+    pub const ALL: [Call; 10] = [
         Call::TwinWrite,
+        Call::TwinWrites,
         Call::TwinRead,
         Call::MetaWrite,
         Call::ReadIndex,
@@ -127,6 +132,7 @@ impl Call {
     pub fn name(self) -> &'static str {
         match self {
             Call::TwinWrite => "twin.write",
+            Call::TwinWrites => "twin.writes",
             Call::TwinRead => "twin.read",
             Call::MetaWrite => "meta.write",
             Call::ReadIndex => "shard.read-index",
