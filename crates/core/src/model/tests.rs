@@ -801,6 +801,28 @@ fn ids_are_validated() {
 
 // ---------------------------------------------------------------- snapshot
 
+/// An image is the state when it was taken: writes applied meanwhile (to twins it shares, to new and
+/// to deleted devices) change the live state only.
+#[test]
+fn a_snapshot_image_keeps_the_state_it_was_taken_from() {
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutDevice { device: device_spec("d2"), if_match: None });
+    f.patch(&dev(), json!({"tags": {"site": "a"}, "properties": {"desired": {"x": 1}}}));
+    let before = f.state.clone();
+    let image = f.state.snapshot_image();
+    f.patch(&dev(), json!({"tags": {"site": "b"}, "properties": {"desired": {"x": 2}}}));
+    f.report(&dev(), json!({"r": 1}));
+    f.must(Op::PutModule { module: module_spec("d1", "m"), if_match: None });
+    f.must(Op::DeleteDevice { device_id: "d2".into(), if_match: None });
+    f.must(Op::PutDevice { device: device_spec("d3"), if_match: None });
+    let live = f.state.clone();
+    let decoded = ShardState::decode_snapshot(&image.encode(0)).expect("decode the image");
+    assert_eq!(decoded, before, "the image encodes the state as it was taken");
+    assert_ne!(decoded, live);
+    assert_eq!(f.twin(&dev())["tags"]["site"], "b", "the live state has the later writes");
+    assert_eq!(ShardState::decode_snapshot(&f.state.encode_snapshot()).as_ref().ok(), Some(&live));
+}
+
 #[test]
 fn snapshot_round_trips_exactly() {
     let mut f = Fixture::with_device("d1");
