@@ -173,6 +173,100 @@ async fn a_bulk_call_through_any_node_answers_every_entry_from_its_shard() {
     c.assert_no_panics();
 }
 
+/// Bulk calls through the survivors while a node leading shards is SIGKILLed: the groups forwarded to
+/// it fail as one call and go the single-write route, which waits out the election. Every entry a call
+/// acknowledged exists afterwards on every survivor, an entry that failed was not half-applied, and
+/// calls after the failover succeed whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_calls_settle_every_entry_when_a_shard_leader_is_killed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let c = Cluster::up(3, SHARDS);
+    let ids = c.ids();
+    c.settle_leadership().await;
+    let leaders = c.leaders(&ids).await.expect("every shard has a leader");
+    let victim = leaders[&0].0;
+    let survivors: Vec<u64> = ids.iter().copied().filter(|i| *i != victim).collect();
+    let stop = AtomicBool::new(false);
+    let bulk = |w: usize, k: usize| -> (Vec<String>, Value) {
+        let batch: Vec<String> = (0..40).map(|i| format!("bf{w}-{k:03}-{i:02}")).collect();
+        let body = batch.iter().map(|d| json!({"id": d, "importMode": "create", "tags": {"w": w}})).collect();
+        (batch, Value::Array(body))
+    };
+    let workers = survivors.iter().enumerate().map(|(w, via)| {
+        let api = c.api_with_timeout(*via, Duration::from_secs(60));
+        let (stop, bulk) = (&stop, &bulk);
+        async move {
+            let (mut acked, mut failed, mut calls) = (Vec::new(), Vec::new(), 0);
+            while !stop.load(Ordering::Relaxed) {
+                let (batch, body) = bulk(w, calls);
+                let r = api.send("POST", "/devices", Some(&body), &[]).await;
+                assert!(r.status == 200 || r.status == 400, "bulk call through node {via}: {} {}", r.status, r.text);
+                let answer = r.json();
+                let errors: HashMap<String, String> = answer["errors"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| (e["deviceId"].as_str().unwrap_or("").to_string(), e["errorCode"].to_string()))
+                    .collect();
+                for d in batch {
+                    match errors.get(&d) {
+                        Some(code) => failed.push((d, code.clone())),
+                        None => acked.push(d),
+                    }
+                }
+                calls += 1;
+            }
+            (acked, failed, calls)
+        }
+    });
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        c.kill9(victim);
+        eprintln!("node {victim} (leader of shard 0) killed");
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (outcomes, ()) = tokio::join!(futures::future::join_all(workers), killer);
+    let mut all_acked = Vec::new();
+    for (w, (acked, failed, calls)) in outcomes.into_iter().enumerate() {
+        eprintln!(
+            "worker {w}: {calls} calls, {} entries acknowledged, {} failed: {failed:?}",
+            acked.len(),
+            failed.len()
+        );
+        assert!(calls >= 2, "worker {w} made {calls} calls in ~5 s");
+        for (d, code) in &failed {
+            assert!(!code.contains("DeviceAlreadyExists"), "{d}: a retried entry must answer its first outcome");
+            let body = json!([{"id": d, "importMode": "create", "tags": {"w": w}}]);
+            let r = c.api(survivors[0]).send("POST", "/devices", Some(&body), &[]).await;
+            assert!(r.status == 200 || r.text.contains("DeviceAlreadyExists"), "{d} created again: {}", r.text);
+        }
+        all_acked.extend(acked);
+    }
+    assert!(!all_acked.is_empty(), "no entry was acknowledged");
+    let mut retries = 0.0;
+    for via in &survivors {
+        let page = c.api(*via).send("GET", "/metrics", None, &[]).await.text;
+        retries += page
+            .lines()
+            .find_map(|l| l.strip_prefix("twinhub_route_retries_total ").and_then(|v| v.trim().parse::<f64>().ok()))
+            .unwrap_or(0.0);
+    }
+    assert!(retries > 0.0, "no write went the retrying route: the kill did not hit a bulk call");
+    for d in all_acked.iter().step_by(31) {
+        for via in &survivors {
+            let r = c.api(*via).send("GET", &format!("/devices/{d}"), None, &[]).await;
+            assert_eq!(r.status, 200, "{d}, acknowledged, read through node {via}: {}", r.text);
+        }
+    }
+    for (w, via) in survivors.iter().enumerate() {
+        let (_, body) = bulk(w + 10, 0);
+        let r = c.api(*via).send("POST", "/devices", Some(&body), &[]).await;
+        assert_eq!(r.status, 200, "a whole call through node {via} after the failover: {}", r.text);
+    }
+    c.assert_no_panics();
+}
+
 // ---------------------------------------------------------------------------------------------------
 // MQTT front door
 
