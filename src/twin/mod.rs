@@ -146,31 +146,42 @@ impl Twins {
             let runs = writes.iter().map(|(id, cmd)| self.write(id, cmd.clone()));
             return futures::future::join_all(runs).await;
         };
+        // Writes whose shard this node leads (or whose leader is unknown) go their own way at once,
+        // beside the forwarded calls.
         let mut by_node: std::collections::BTreeMap<NodeId, Vec<usize>> = Default::default();
+        let mut own = Vec::new();
         for (i, (id, _)) in writes.iter().enumerate() {
-            if let Some(n) = self.shards.route(self.shards.shard_of(&id.device_id)).leader {
-                by_node.entry(n).or_default().push(i);
+            match self.shards.route(self.shards.shard_of(&id.device_id)).leader {
+                Some(n) if n != t.node_id() => by_node.entry(n).or_default().push(i),
+                _ => own.push(i),
             }
         }
-        let mut first: Vec<Option<Result<Applied, ShardError>>> = writes.iter().map(|_| None).collect();
-        let calls = by_node.into_iter().filter(|(n, _)| *n != t.node_id()).map(|(n, idx)| {
+        let calls = by_node.into_iter().map(|(n, idx)| {
             let batch: Vec<&(TwinId, Command)> = idx.iter().map(|&i| &writes[i]).collect();
             async move { (idx, self.forward_many(t, n, &batch).await) }
         });
-        for (idx, answers) in futures::future::join_all(calls).await {
+        let writes = &writes;
+        let runs = own.iter().map(|&i| async move { (i, self.write(&writes[i].0, writes[i].1.clone()).await) });
+        let (forwarded, ran) =
+            futures::future::join(futures::future::join_all(calls), futures::future::join_all(runs)).await;
+        let mut out: Vec<Option<Result<Applied, ShardError>>> = writes.iter().map(|_| None).collect();
+        for (i, r) in ran {
+            out[i] = Some(r);
+        }
+        for (idx, answers) in forwarded {
             if let Some(answers) = answers.filter(|a| a.len() == idx.len()) {
                 for (i, a) in idx.into_iter().zip(answers) {
-                    first[i] = a.is_ok().then_some(a);
+                    out[i] = a.is_ok().then_some(a);
                 }
             }
         }
-        let runs = writes.iter().zip(first).map(|((id, cmd), settled)| async move {
+        let settle = writes.iter().zip(out).map(|((id, cmd), settled)| async move {
             match settled {
                 Some(r) => r,
                 None => self.write(id, cmd.clone()).await,
             }
         });
-        futures::future::join_all(runs).await
+        futures::future::join_all(settle).await
     }
 
     /// One forwarded call carrying `writes` to `node`; `None` if the call itself failed or its answer
