@@ -17,8 +17,9 @@ fn main() -> std::process::ExitCode {
 /// memory back as it churns; with huge pages the kernel zeroes 2 MiB for every page the allocator
 /// touches again, and a partly used huge page is resident whole. Measured with the 1M-twin bulk load
 /// (benches/README.md, "huge pages off, log cache, snapshots one at a time"): the same rate over the
-/// whole load, a faster first half, and about 100 MB less RSS per node without them. mimalloc is built not to request them (`no_thp`); this also covers kernels set to
-/// use them for every mapping (`/sys/kernel/mm/transparent_hugepage/enabled` = `always`).
+/// whole load, a faster first half, and about 100 MB less RSS per node without them. mimalloc is built
+/// not to request them (`no_thp`); this also covers kernels set to use them for every mapping
+/// (`/sys/kernel/mm/transparent_hugepage/enabled` = `always`).
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and only sets a flag of this process.

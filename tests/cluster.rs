@@ -163,11 +163,7 @@ async fn a_bulk_call_through_any_node_answers_every_entry_from_its_shard() {
     }
     let mut forwarded = 0.0;
     for id in &ids {
-        let page = c.api(*id).send("GET", "/metrics", None, &[]).await.text;
-        forwarded += page
-            .lines()
-            .find_map(|l| l.strip_prefix("twinhub_route_forwarded_total ").and_then(|v| v.trim().parse::<f64>().ok()))
-            .unwrap_or(0.0);
+        forwarded += c.metric(*id, "twinhub_route_forwarded_total").await;
     }
     assert!(forwarded > 0.0, "no bulk group went to another node");
     c.assert_no_panics();

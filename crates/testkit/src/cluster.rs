@@ -218,6 +218,15 @@ impl Cluster {
         }
     }
 
+    /// A label-less counter or gauge on node `id`'s `/metrics` (a line `name value`); 0 if absent.
+    pub async fn metric(&self, id: u64, name: &str) -> f64 {
+        let page = self.api(id).send("GET", "/metrics", None, &[]).await.text;
+        page.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0.0)
+    }
+
     pub async fn shard_status(&self, id: u64, shard: u32) -> Option<Value> {
         let st = self.status(id).await?;
         st["shards"].as_array()?.iter().find(|s| s["shard"] == shard).cloned()
