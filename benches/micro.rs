@@ -29,7 +29,7 @@ fn patch(keys: usize, round: u64) -> Value {
 
 fn device(id: &str) -> Command {
     let auth = AuthSpec {
-        auth_type: "sas".into(),
+        auth_type: twinhub::model::AuthType::Sas,
         primary_key: Some(KEY.into()),
         secondary_key: Some(KEY.into()),
         primary_thumbprint: None,

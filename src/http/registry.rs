@@ -15,7 +15,7 @@ use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{generate_key, Permission};
 use crate::ids::TwinId;
 use crate::model::{
-    now_ms, validate_id, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, Reply, Status, TwinError,
+    now_ms, validate_id, AuthSpec, AuthType, Command, DeviceSpec, IfMatch, ModuleSpec, Op, Reply, Status, TwinError,
 };
 use crate::twin::read::ReadOp;
 
@@ -302,12 +302,12 @@ fn auth_spec(v: Option<&Value>) -> Result<AuthSpec, ApiError> {
         None | Some(Value::Null) => &empty,
         Some(v) => object(v, "authentication")?,
     };
-    let auth_type = opt_str(obj, "type", "authentication.")?.unwrap_or_else(|| "sas".into());
-    if !matches!(auth_type.as_str(), "sas" | "selfSigned" | "certificateAuthority" | "none") {
-        return Err(bad(format!(
-            "authentication.type must be sas, selfSigned, certificateAuthority or none, got '{auth_type}'"
-        )));
-    }
+    let auth_type = match opt_str(obj, "type", "authentication.")? {
+        None => AuthType::Sas,
+        Some(name) => AuthType::parse(&name).ok_or_else(|| {
+            bad(format!("authentication.type must be sas, selfSigned, certificateAuthority or none, got '{name}'"))
+        })?,
+    };
     let sub = |key: &str| -> Result<&Map<String, Value>, ApiError> {
         match obj.get(key) {
             None | Some(Value::Null) => Ok(&empty),
@@ -324,13 +324,13 @@ fn auth_spec(v: Option<&Value>) -> Result<AuthSpec, ApiError> {
             check_key(name, k)?;
         }
     }
-    if auth_type == "sas" {
+    if auth_type == AuthType::Sas {
         primary_key.get_or_insert_with(generate_key);
         secondary_key.get_or_insert_with(generate_key);
     }
     let boxed = |s: Option<String>| s.map(String::into_boxed_str);
     Ok(AuthSpec {
-        auth_type: auth_type.into(),
+        auth_type,
         primary_key: boxed(primary_key),
         secondary_key: boxed(secondary_key),
         primary_thumbprint: boxed(non_empty(opt_str(thumbs, "primaryThumbprint", "authentication.x509Thumbprint.")?)),

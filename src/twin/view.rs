@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
-use crate::model::{Node, NodeValue, TwinRef};
+use crate::model::{NodeRef, TwinRef, ValueRef};
 use crate::query::{lookup, Document, Num, Scalar, Seg};
 
 pub struct TwinView<'a>(pub TwinRef<'a>);
@@ -22,10 +22,10 @@ fn key_is(seg: &Seg, name: &str) -> bool {
 impl TwinView<'_> {
     /// The section node (`tags`, desired or reported) a path leads into and the rest of the path, when
     /// the path can be followed in the shard's own tree.
-    fn in_tree<'p>(&self, path: &'p [Seg]) -> Option<(&Node, &'p [Seg])> {
+    fn in_tree<'p>(&self, path: &'p [Seg]) -> Option<(NodeRef<'_>, &'p [Seg])> {
         let twin = self.0.twin();
         match path {
-            [tags, rest @ ..] if key_is(tags, "tags") && !rest.is_empty() => Some((&twin.tags, rest)),
+            [tags, rest @ ..] if key_is(tags, "tags") && !rest.is_empty() => Some((twin.tags.root(), rest)),
             // `$metadata` and `$version` exist only in the rendered section.
             [props, section, rest @ ..]
                 if key_is(props, "properties")
@@ -33,9 +33,9 @@ impl TwinView<'_> {
                     && !matches!(&rest[0], Seg::Key(k) if k.starts_with('$')) =>
             {
                 if key_is(section, "desired") {
-                    Some((&twin.desired, rest))
+                    Some((twin.desired.root(), rest))
                 } else if key_is(section, "reported") {
-                    Some((&twin.reported, rest))
+                    Some((twin.reported.root(), rest))
                 } else {
                     None
                 }
@@ -50,7 +50,7 @@ impl Document for TwinView<'_> {
         match (self.in_tree(path), path) {
             (Some((node, rest)), _) => match walk(node, rest)? {
                 Walked::Node(n) => Some(Cow::Owned(n.to_value())),
-                Walked::InArray(v) => Some(Cow::Borrowed(v)),
+                Walked::InArray(v) => Some(Cow::Owned(v)),
             },
             (None, [Seg::Key(first), ..]) => {
                 let doc = self.0.render_members(&|name| name.eq_ignore_ascii_case(first));
@@ -65,13 +65,13 @@ impl Document for TwinView<'_> {
             return self.get(path).and_then(Scalar::of);
         };
         match walk(node, rest)? {
-            Walked::Node(n) => match &n.value {
-                NodeValue::Bool(b) => Some(Scalar::Bool(*b)),
-                NodeValue::Number(text) => Num::parse(text).map(Scalar::Num),
-                NodeValue::String(s) => Some(Scalar::Str(Cow::Borrowed(s))),
-                NodeValue::Object(_) | NodeValue::Array(_) => None,
+            Walked::Node(n) => match n.value() {
+                ValueRef::Bool(b) => Some(Scalar::Bool(b)),
+                ValueRef::Number(text) => Num::parse(text).map(Scalar::Num),
+                ValueRef::String(s) => Some(Scalar::Str(Cow::Borrowed(s))),
+                ValueRef::Object | ValueRef::Array(_) => None,
             },
-            Walked::InArray(v) => Scalar::borrowed(v),
+            Walked::InArray(v) => Scalar::of(Cow::Owned(v)),
         }
     }
 
@@ -80,19 +80,23 @@ impl Document for TwinView<'_> {
     }
 }
 
-/// Where a path below a section node ends: at a node of the tree, or inside an array value.
+/// Where a path below a section node ends: at a node of the tree, or inside an array value (which
+/// the tree keeps as JSON text, read when a path goes into it).
 enum Walked<'a> {
-    Node(&'a Node),
-    InArray(&'a Value),
+    Node(NodeRef<'a>),
+    InArray(Value),
 }
 
 /// Follows `path` below the object `node`, by the lookup rules of the rendered document.
-fn walk<'a>(node: &'a Node, path: &[Seg]) -> Option<Walked<'a>> {
+fn walk<'a>(node: NodeRef<'a>, path: &[Seg]) -> Option<Walked<'a>> {
     let mut cur = node;
     for (i, seg) in path.iter().enumerate() {
-        match (seg, &cur.value) {
-            (Seg::Key(k), NodeValue::Object(_)) => cur = cur.find_member(k)?,
-            (_, NodeValue::Array(a)) => return lookup(a, &path[i..]).map(|(v, _)| Walked::InArray(v)),
+        match (seg, cur.value()) {
+            (Seg::Key(k), ValueRef::Object) => cur = cur.find_member(k)?,
+            (_, ValueRef::Array(text)) => {
+                let array: Value = serde_json::from_str(text).ok()?;
+                return lookup(&array, &path[i..]).map(|(v, _)| Walked::InArray(v.clone()));
+            }
             _ => return None,
         }
     }

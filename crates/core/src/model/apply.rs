@@ -9,6 +9,7 @@ use super::doc::{replace_diff, Node};
 use super::error::TwinError;
 use super::etag::etag_text;
 use super::json_text::JsonText;
+use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
 use super::validate::{
@@ -32,11 +33,11 @@ fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: &str) -> Resul
 }
 
 /// A patch that removes every member of a section: what `"tags": null` / `"desired": null` means.
-pub(super) fn clear_patch(section: &Node) -> Map<String, Value> {
-    section.members().iter().map(|(k, _)| (k.to_string(), Value::Null)).collect()
+pub(super) fn clear_patch(section: NodeRef<'_>) -> Map<String, Value> {
+    section.members().map(|(k, _)| (k.to_string(), Value::Null)).collect()
 }
 
-fn effective_patch(section: Section<'_>, current: &Node) -> Option<Map<String, Value>> {
+fn effective_patch(section: Section<'_>, current: NodeRef<'_>) -> Option<Map<String, Value>> {
     match section {
         Section::Absent => None,
         Section::Null => Some(clear_patch(current)),
@@ -118,7 +119,7 @@ impl ShardState {
                         "a session keeps at most {MAX_STORED_SUBSCRIPTIONS} subscriptions of {MAX_STORED_FILTER_BYTES} bytes in all"
                     )));
                 }
-                self.identity_mut(id)?.subscriptions = filters.clone();
+                self.identity_mut(id)?.subscriptions = filters.as_slice().into();
                 Ok(Reply::Done)
             }
             Op::PutDeviceWithParent { device, parent_scope, if_match } => {
@@ -213,11 +214,11 @@ impl ShardState {
 
     /// Moves a device twin's entries in the tag index from its current tags to `new` (call just
     /// before the twin takes them; module twins are not indexed).
-    fn retag(&mut self, id: &TwinId, new: &Node) {
+    fn retag(&mut self, id: &TwinId, new: &Packed) {
         if id.module_id.is_none() {
             if let Some((key, dev)) = self.devices.get_key_value(id.device_id.as_str()) {
-                self.tag_index.remove(key, &dev.twin.tags);
-                self.tag_index.add(key, new);
+                self.tag_index.remove(key, dev.twin.tags.root());
+                self.tag_index.add(key, new.root());
             }
         }
     }
@@ -283,7 +284,7 @@ impl ShardState {
                     });
                 }
                 let id: Arc<str> = id.into();
-                self.tag_index.add(&id, &entry.twin.tags);
+                self.tag_index.add(&id, entry.twin.tags.root());
                 self.devices.insert(id, Arc::new(entry));
                 Ok(())
             }
@@ -327,7 +328,7 @@ impl ShardState {
             });
         }
         if let Some(dev) = self.devices.remove(id) {
-            self.tag_index.remove(id, &dev.twin.tags);
+            self.tag_index.remove(id, dev.twin.tags.root());
         }
         Ok(Reply::Done)
     }
@@ -427,13 +428,13 @@ impl ShardState {
     ) -> Outcome {
         let id = TwinId::device(device_id.to_string());
         let Ok(twin) = self.twin_doc(&id) else { return Ok(Reply::Done) };
-        let newly =
-            apply.filter(|(cfg, _)| twin.configurations.get(cfg).map(String::as_str) != Some(super::config::APPLIED));
+        let newly = apply
+            .filter(|(cfg, _)| twin.configurations.get().get(cfg).map(String::as_str) != Some(super::config::APPLIED));
         if let Some((_, patch)) = newly {
             let body = format!(r#"{{"properties":{{"desired":{patch}}}}}"#);
             self.patch_twin(&id, &body, None, at, events)?;
         }
-        self.twin_doc_mut(&id)?.configurations = marks.clone();
+        self.twin_doc_mut(&id)?.configurations.set(marks.clone());
         Ok(Reply::Done)
     }
 
@@ -475,8 +476,8 @@ impl ShardState {
         let sb = service_body(body)?;
         let cur = self.twin_doc(id)?;
         check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
-        let tags_patch = effective_patch(sb.tags, &cur.tags);
-        let desired_patch = effective_patch(sb.desired, &cur.desired);
+        let tags_patch = effective_patch(sb.tags, cur.tags.root());
+        let desired_patch = effective_patch(sb.desired, cur.desired.root());
         if tags_patch.is_none() && desired_patch.is_none() {
             return Ok(());
         }
@@ -484,18 +485,20 @@ impl ShardState {
         let desired_version = cur.desired_version + i64::from(desired_patch.is_some());
         let tags = match &tags_patch {
             Some(p) => {
-                let mut n = cur.tags.clone();
+                let mut n = cur.tags.unpack();
                 n.merge(p, at, 0);
-                check_size("tags", n.size(), MAX_TAGS_SIZE)?;
+                let n = Packed::pack(&n);
+                check_size("tags", n.root().size(), MAX_TAGS_SIZE)?;
                 Some(n)
             }
             None => None,
         };
         let desired = match &desired_patch {
             Some(p) => {
-                let mut n = cur.desired.clone();
+                let mut n = cur.desired.unpack();
                 n.merge(p, at, desired_version);
-                check_size("properties.desired", n.size(), MAX_DESIRED_SIZE)?;
+                let n = Packed::pack(&n);
+                check_size("properties.desired", n.root().size(), MAX_DESIRED_SIZE)?;
                 Some(n)
             }
             None => None,
@@ -525,7 +528,7 @@ impl ShardState {
         }
         if let Some(p) = &desired_patch {
             let mut section = p.clone();
-            section.insert("$metadata".into(), twin.desired.patch_metadata(p, true));
+            section.insert("$metadata".into(), twin.desired.root().patch_metadata(p, true));
             section.insert("$version".into(), Value::from(desired_version));
             let mut props = Map::new();
             props.insert("desired".into(), Value::Object(section));
@@ -567,11 +570,11 @@ impl ShardState {
         let (tags_map, desired_map) = (section_map(sb.tags), section_map(sb.desired));
         let version = cur.version + 1;
         let desired_version = cur.desired_version + 1;
-        let tags = Node::section_from_map(&tags_map, at, 0);
-        check_size("tags", tags.size(), MAX_TAGS_SIZE)?;
-        let desired = Node::section_from_map(&desired_map, at, desired_version);
-        check_size("properties.desired", desired.size(), MAX_DESIRED_SIZE)?;
-        let diff = replace_diff(&cur.desired.to_map(), &desired_map);
+        let tags = Packed::pack(&Node::section_from_map(&tags_map, at, 0));
+        check_size("tags", tags.root().size(), MAX_TAGS_SIZE)?;
+        let desired = Packed::pack(&Node::section_from_map(&desired_map, at, desired_version));
+        check_size("properties.desired", desired.root().size(), MAX_DESIRED_SIZE)?;
+        let diff = replace_diff(&cur.desired.root().to_map(), &desired_map);
         let etag = self.next_etag();
         self.retag(id, &tags);
         let twin = self.twin_doc_mut(id)?;
@@ -599,9 +602,10 @@ impl ShardState {
         let cur = self.twin_doc(id)?;
         let version = cur.version + 1;
         let reported_version = cur.reported_version + 1;
-        let mut reported = cur.reported.clone();
+        let mut reported = cur.reported.unpack();
         reported.merge(patch, at, reported_version);
-        check_size("properties.reported", reported.size(), MAX_REPORTED_SIZE)?;
+        let reported = Packed::pack(&reported);
+        check_size("properties.reported", reported.root().size(), MAX_REPORTED_SIZE)?;
         // A reported patch is device activity: `lastActivityTime` follows it, at the command's own
         // timestamp so that every replica writes the same value.
         self.identity_mut(id)?.last_activity = at;
@@ -614,7 +618,7 @@ impl ShardState {
             return Ok(Reply::Reported { version: reported_version });
         }
         let mut section = patch.clone();
-        section.insert("$metadata".into(), twin.reported.patch_metadata(patch, false));
+        section.insert("$metadata".into(), twin.reported.root().patch_metadata(patch, false));
         section.insert("$version".into(), Value::from(reported_version));
         let mut props = Map::new();
         props.insert("reported".into(), Value::Object(section));

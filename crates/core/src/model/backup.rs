@@ -61,7 +61,7 @@ impl ShardState {
         for (id, entry) in &page.devices {
             if !self.devices.contains_key(id.as_str()) {
                 let key: std::sync::Arc<str> = id.as_str().into();
-                self.tag_index.add(&key, &entry.twin.tags);
+                self.tag_index.add(&key, entry.twin.tags.root());
                 self.devices.insert(key, std::sync::Arc::new(entry.clone()));
                 inserted += 1;
                 for (job, rows) in &page.device_jobs {

@@ -184,19 +184,20 @@ impl ShardState {
             },
             None => None,
         };
-        let section = |json: &Option<String>, cur: Option<&super::doc::Node>| -> Result<Option<Value>, TwinError> {
-            let Some(text) = json else { return Ok(None) };
-            let given: Value = serde_json::from_str(text)
-                .map_err(|err| TwinError::InvalidArgument(format!("malformed twin section: {err}")))?;
-            let Value::Object(given) = given else {
-                return Err(TwinError::InvalidArgument("tags and properties.desired must be JSON objects".into()));
+        let section =
+            |json: &Option<String>, cur: Option<super::packed::NodeRef<'_>>| -> Result<Option<Value>, TwinError> {
+                let Some(text) = json else { return Ok(None) };
+                let given: Value = serde_json::from_str(text)
+                    .map_err(|err| TwinError::InvalidArgument(format!("malformed twin section: {err}")))?;
+                let Value::Object(given) = given else {
+                    return Err(TwinError::InvalidArgument("tags and properties.desired must be JSON objects".into()));
+                };
+                let mut patch: Map<String, Value> = cur.map(clear_patch).unwrap_or_default();
+                patch.extend(given);
+                Ok(Some(Value::Object(patch)))
             };
-            let mut patch: Map<String, Value> = cur.map(clear_patch).unwrap_or_default();
-            patch.extend(given);
-            Ok(Some(Value::Object(patch)))
-        };
-        let tags = section(&e.tags_json, twin.map(|t| &t.tags))?;
-        let desired = section(&e.desired_json, twin.map(|t| &t.desired))?;
+        let tags = section(&e.tags_json, twin.map(|t| t.tags.root()))?;
+        let desired = section(&e.desired_json, twin.map(|t| t.desired.root()))?;
         let mut body = Map::new();
         if let Some(t) = tags {
             body.insert("tags".into(), t);
@@ -283,6 +284,16 @@ mod tests {
         let again = st.apply(&cmd);
         assert_eq!(first.result, again.result);
         assert!(again.events.is_empty());
+        // A mixed outcome is remembered entry by entry, an all-good one by its count; both survive a
+        // snapshot and answer a retry the same.
+        let mixed =
+            Command::new(Op::Bulk { entries: vec![entry("a", ImportMode::Create), entry("b", ImportMode::Create)] }, 2);
+        let first_mixed = st.apply(&mixed);
+        assert!(matches!(&first_mixed.result, Ok(Reply::Bulk(o)) if o[0].is_some() && o[1].is_none()));
+        let mut restored = ShardState::decode_snapshot(&st.encode_snapshot()).expect("snapshot");
+        assert_eq!(restored.apply(&mixed).result, first_mixed.result);
+        assert_eq!(restored.apply(&cmd).result, first.result);
+        assert!(restored.device("b").is_some());
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum Remembered {
     Configuration(String),
     /// A `/certificates` command: answered with the record as it is now.
     Certificate(String),
+    /// A bulk registry command whose entries all succeeded (how many): what nearly every bulk call of
+    /// a fleet load is, remembered in one word instead of an outcome per entry, for each of the
+    /// window's thousands of commands on every shard.
+    BulkDone(usize),
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,14 +1,14 @@
-//! The twin document tree: tags, desired and reported sections kept as nodes that each hold their value
+//! The twin document tree: tags, desired and reported sections as nodes that each hold their value
 //! and the `$lastUpdated` (and, for desired, `$lastUpdatedVersion`) that IoT Hub reports in `$metadata`.
-//! Rendered to JSON only on read: a fleet of millions of twins lives in memory, and a node (48 bytes plus
-//! its text) is far smaller than a `serde_json::Value` with a parallel metadata document.
+//! This is the form a section takes while a write changes it (built from a body, merged with a patch);
+//! at rest, and for every read, a shard holds it packed ([`super::packed`]).
 //!
 //! Arrays are leaves, as in IoT Hub: their elements carry no metadata of their own.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
-use super::time::{format_ms, NEVER};
+use super::time::NEVER;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Node {
@@ -88,16 +88,6 @@ impl Node {
         }
     }
 
-    fn child(&self, key: &str) -> Option<&Node> {
-        self.members().iter().find(|(k, _)| &**k == key).map(|(_, n)| n)
-    }
-
-    /// Member `key` as the query language finds it: the exact name, else the first name equal to it
-    /// ignoring ASCII case.
-    pub fn find_member(&self, key: &str) -> Option<&Node> {
-        self.child(key).or_else(|| self.members().iter().find(|(k, _)| k.eq_ignore_ascii_case(key)).map(|(_, n)| n))
-    }
-
     /// Recursive merge of an object patch: `null` removes a key, objects merge into objects, anything
     /// else replaces. Every object the patch names is stamped, so removals show in `$lastUpdated`.
     pub fn merge(&mut self, patch: &Map<String, Value>, at: i64, version: i64) {
@@ -130,77 +120,6 @@ impl Node {
             }
         }
         members.shrink_to_fit();
-    }
-
-    /// The plain JSON value, without metadata.
-    pub fn to_value(&self) -> Value {
-        match &self.value {
-            NodeValue::Object(_) => Value::Object(self.to_map()),
-            NodeValue::Bool(b) => Value::Bool(*b),
-            NodeValue::Number(n) => n.parse::<Number>().map(Value::Number).unwrap_or(Value::Null),
-            NodeValue::String(s) => Value::String(s.to_string()),
-            NodeValue::Array(a) => (**a).clone(),
-        }
-    }
-
-    pub fn to_map(&self) -> Map<String, Value> {
-        self.members().iter().map(|(k, n)| (k.to_string(), n.to_value())).collect()
-    }
-
-    /// `$metadata` of this node and everything below it.
-    pub fn metadata(&self, with_version: bool) -> Value {
-        let mut m = self.own_metadata(with_version);
-        for (k, n) in self.members() {
-            m.insert(k.to_string(), n.metadata(with_version));
-        }
-        Value::Object(m)
-    }
-
-    /// `$metadata` restricted to what a patch touched (twin change events carry only that).
-    pub fn patch_metadata(&self, patch: &Map<String, Value>, with_version: bool) -> Value {
-        let mut m = self.own_metadata(with_version);
-        for (k, pv) in patch {
-            if let Some(n) = self.child(k) {
-                let meta = match pv {
-                    Value::Object(pm) if matches!(n.value, NodeValue::Object(_)) => n.patch_metadata(pm, with_version),
-                    _ => n.metadata(with_version),
-                };
-                m.insert(k.clone(), meta);
-            }
-        }
-        Value::Object(m)
-    }
-
-    fn own_metadata(&self, with_version: bool) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("$lastUpdated".into(), Value::String(format_ms(self.updated)));
-        if with_version && self.updated != NEVER {
-            m.insert("$lastUpdatedVersion".into(), Value::from(self.updated_version));
-        }
-        m
-    }
-
-    /// A section as IoT Hub renders it: members, then `$metadata`, then `$version`.
-    pub fn render_section(&self, section_version: i64, with_version: bool) -> Value {
-        let mut m = self.to_map();
-        m.insert("$metadata".into(), self.metadata(with_version));
-        m.insert("$version".into(), Value::from(section_version));
-        Value::Object(m)
-    }
-
-    /// Size as [`super::validate::doc_size`] computes it, without rendering.
-    pub fn size(&self) -> usize {
-        match &self.value {
-            NodeValue::Object(members) => {
-                2 + members.len().saturating_sub(1)
-                    + members.iter().map(|(k, n)| super::validate::text_size(k) + 1 + n.size()).sum::<usize>()
-            }
-            NodeValue::Bool(true) => 4,
-            NodeValue::Bool(false) => 5,
-            NodeValue::Number(n) => n.chars().count(),
-            NodeValue::String(s) => super::validate::text_size(s),
-            NodeValue::Array(a) => super::validate::doc_size(a),
-        }
     }
 }
 
@@ -245,8 +164,13 @@ pub fn replace_diff(old: &Map<String, Value>, new: &Map<String, Value>) -> Map<S
 
 #[cfg(test)]
 mod tests {
+    use super::super::packed::Packed;
     use super::*;
     use serde_json::json;
+
+    fn packed(n: &Node) -> Packed {
+        Packed::pack(n)
+    }
 
     fn obj(v: Value) -> Map<String, Value> {
         match v {
@@ -260,7 +184,7 @@ mod tests {
         let mut s = Node::empty_section();
         s.merge(&obj(json!({"a": {"b": 1, "c": 2}, "d": "x"})), 1000, 2);
         s.merge(&obj(json!({"a": {"b": null, "e": true}, "d": {"f": 1.5}})), 2000, 3);
-        assert_eq!(s.to_value(), json!({"a": {"c": 2, "e": true}, "d": {"f": 1.5}}));
+        assert_eq!(packed(&s).root().to_value(), json!({"a": {"c": 2, "e": true}, "d": {"f": 1.5}}));
     }
 
     #[test]
@@ -268,7 +192,7 @@ mod tests {
         let mut s = Node::empty_section();
         s.merge(&obj(json!({"a": {"b": 1, "c": 2}})), 1000, 2);
         s.merge(&obj(json!({"a": {"b": null}})), 2000, 3);
-        let meta = s.metadata(true);
+        let meta = packed(&s).root().metadata(true);
         assert_eq!(meta["a"]["$lastUpdated"], json!("1970-01-01T00:00:02.000Z"));
         assert_eq!(meta["a"]["$lastUpdatedVersion"], json!(3));
         assert_eq!(meta["a"]["c"]["$lastUpdated"], json!("1970-01-01T00:00:01.000Z"));
@@ -281,7 +205,7 @@ mod tests {
     fn fresh_section_renders_like_iot_hub() {
         let s = Node::empty_section();
         assert_eq!(
-            serde_json::to_string(&s.render_section(1, true)).unwrap_or_default(),
+            serde_json::to_string(&packed(&s).root().render_section(1, true)).unwrap_or_default(),
             r#"{"$metadata":{"$lastUpdated":"0001-01-01T00:00:00Z"},"$version":1}"#
         );
     }
@@ -291,14 +215,14 @@ mod tests {
         let v: Value = serde_json::from_str(r#"{"n": 4503599627370495, "f": 0.1000000000000000055511151231257827}"#)
             .unwrap_or_default();
         let s = Node::section_from_map(&obj(v.clone()), 1, 1);
-        assert_eq!(s.to_value(), v);
+        assert_eq!(packed(&s).root().to_value(), v);
     }
 
     #[test]
     fn node_size_equals_value_size() {
         let v = json!({"a": {"b": [1, "x", null], "c": false}, "é": "ü\u{1}", "n": -12.5});
         let s = Node::section_from_map(&obj(v.clone()), 1, 1);
-        assert_eq!(s.size(), super::super::validate::doc_size(&v));
+        assert_eq!(packed(&s).root().size(), super::super::validate::doc_size(&v));
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod etag;
 pub mod jobs;
 mod json_text;
 pub mod method;
+mod packed;
 mod registry;
 mod reply;
 mod snapshot;
@@ -28,10 +29,11 @@ pub mod validate;
 #[cfg(test)]
 mod tests;
 
-pub use command::{now_ms, AuthSpec, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
+pub use command::{now_ms, AuthSpec, AuthType, Command, DeviceSpec, IfMatch, ModuleSpec, Op, RequestId, Status};
 pub use doc::{Node, NodeValue};
 pub use error::TwinError;
 pub use json_text::JsonText;
+pub use packed::{NodeRef, Packed, ValueRef};
 pub use registry::{edge_scope_device, TwinDoc, TwinRef};
 pub use reply::UnexpectedReply;
 pub use snapshot::SnapshotImage;
@@ -207,6 +209,7 @@ impl ShardState {
                 Op::Job(op) => Remembered::Job(op.job_id().to_string()),
                 _ => Remembered::Done,
             },
+            Ok(Reply::Bulk(outcome)) if outcome.iter().all(Option::is_none) => Remembered::BulkDone(outcome.len()),
             Ok(Reply::Bulk(outcome)) => Remembered::Bulk(outcome.clone()),
             Ok(Reply::Certificate(None)) => Remembered::Done,
             Ok(Reply::Certificate(Some(_))) => match &cmd.op {
@@ -237,6 +240,7 @@ impl ShardState {
             Remembered::Err(e) => Err(e.clone()),
             Remembered::Done => Ok(Reply::Done),
             Remembered::Bulk(o) => Ok(Reply::Bulk(o.clone())),
+            Remembered::BulkDone(n) => Ok(Reply::Bulk(vec![None; *n])),
             Remembered::Certificate(name) => Ok(Reply::Certificate(self.certificates.render(name, true))),
             Remembered::Claim { claimed, running } => Ok(Reply::Claim { claimed: *claimed, running: *running }),
             Remembered::Configuration(id) => {
@@ -332,7 +336,7 @@ impl ShardState {
     pub fn rebuilt_tag_index(&self) -> tag_index::TagIndex {
         let mut index = tag_index::TagIndex::default();
         for (id, d) in &self.devices {
-            index.add(id, &d.twin.tags);
+            index.add(id, d.twin.tags.root());
         }
         index
     }
@@ -410,7 +414,7 @@ impl ShardState {
             primary_key: identity.auth.primary_key.as_deref().map(String::from),
             secondary_key: identity.auth.secondary_key.as_deref().map(String::from),
             enabled: dev.status == Status::Enabled,
-            subscriptions: identity.subscriptions.clone(),
+            subscriptions: identity.subscriptions.to_vec(),
             auth_type: identity.auth.auth_type.to_string(),
         })
     }

@@ -5,14 +5,14 @@ use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
 use super::command::{AuthSpec, RequestId, Status};
-use super::doc::Node;
 use super::etag::etag_text;
+use super::packed::Packed;
 use super::time::{format_ms, NEVER};
 
 /// What devices and modules share: authentication, connection state, identity etag.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Identity {
-    pub generation_id: Box<str>,
+    pub generation_id: GenerationId,
     /// Identity etag counter (`etag` of Device/Module, `deviceEtag` of a twin).
     pub etag: u64,
     pub auth: AuthSpec,
@@ -22,20 +22,21 @@ pub struct Identity {
     /// The MQTT subscriptions (filter, QoS) of the identity's persistent session, kept through Raft so
     /// that a device reconnecting to any node finds them (IoT Hub keeps sessions across its gateways).
     /// Always written (never skipped when empty): binary snapshots have no field names to miss.
+    /// A boxed slice: a fleet's identities hold none, and an empty `Vec` would cost its capacity field.
     #[serde(default)]
-    pub subscriptions: Vec<(String, u8)>,
+    pub subscriptions: Box<[(String, u8)]>,
 }
 
 impl Identity {
     pub fn new(auth: AuthSpec, request_id: RequestId, etag: u64) -> Identity {
         Identity {
-            generation_id: generation_id(request_id).into(),
+            generation_id: GenerationId::of(request_id),
             etag,
             auth,
             connected: false,
             connection_state_updated: NEVER,
             last_activity: NEVER,
-            subscriptions: Vec::new(),
+            subscriptions: Box::default(),
         }
     }
 
@@ -59,10 +60,38 @@ impl Identity {
     }
 }
 
-/// IoT Hub's generationId is an 18-digit decimal; ours derives from the creating command's request id so
-/// every replica computes the same one, and a re-created device gets a new one.
-fn generation_id(request_id: RequestId) -> String {
-    format!("{:018}", request_id.0 % 1_000_000_000_000_000_000)
+/// IoT Hub's generationId, an 18-digit decimal. Ours derives from the creating command's request id so
+/// every replica computes the same one, and a re-created device gets a new one. Held as the number
+/// (a heap block less per identity) and written as its text everywhere, as it always was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GenerationId(u64);
+
+impl GenerationId {
+    fn of(request_id: RequestId) -> GenerationId {
+        GenerationId((request_id.0 % 1_000_000_000_000_000_000) as u64)
+    }
+}
+
+impl std::fmt::Display for GenerationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:018}", self.0)
+    }
+}
+
+impl Serialize for GenerationId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for GenerationId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<GenerationId, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        match text.parse::<u64>() {
+            Ok(n) if text.len() == 18 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(GenerationId(n)),
+            _ => Err(serde::de::Error::custom(format!("generationId must be 18 digits, got '{text}'"))),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -70,14 +99,46 @@ pub struct TwinDoc {
     /// Twin etag counter: changes on every tags or desired change.
     pub etag: u64,
     pub version: i64,
-    pub tags: Node,
-    pub desired: Node,
+    pub tags: Packed,
+    pub desired: Packed,
     pub desired_version: i64,
-    pub reported: Node,
+    pub reported: Packed,
     pub reported_version: i64,
     /// Configuration marks (id → `Applied` | `Targeted`), rendered as `configurations`.
     #[serde(default)]
-    pub configurations: BTreeMap<String, String>,
+    pub configurations: Marks,
+}
+
+/// A twin's configuration marks, boxed: most twins of a fleet have none, and an empty map inline
+/// would cost three words in every twin. Written as the map itself.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[allow(clippy::box_collection)] // one word when empty, which is the point
+pub struct Marks(Option<Box<BTreeMap<String, String>>>);
+
+static NO_MARKS: BTreeMap<String, String> = BTreeMap::new();
+
+impl Marks {
+    pub fn get(&self) -> &BTreeMap<String, String> {
+        self.0.as_deref().unwrap_or(&NO_MARKS)
+    }
+
+    pub fn set(&mut self, marks: BTreeMap<String, String>) {
+        self.0 = (!marks.is_empty()).then(|| Box::new(marks));
+    }
+}
+
+impl Serialize for Marks {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.get().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Marks {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Marks, D::Error> {
+        let mut marks = Marks::default();
+        marks.set(BTreeMap::deserialize(d)?);
+        Ok(marks)
+    }
 }
 
 impl TwinDoc {
@@ -85,20 +146,20 @@ impl TwinDoc {
         TwinDoc {
             etag,
             version: 1,
-            tags: Node::empty_section(),
-            desired: Node::empty_section(),
+            tags: Packed::empty_section(),
+            desired: Packed::empty_section(),
             desired_version: 1,
-            reported: Node::empty_section(),
+            reported: Packed::empty_section(),
             reported_version: 1,
-            configurations: BTreeMap::new(),
+            configurations: Marks::default(),
         }
     }
 
     /// The device view: `{"desired", "reported"}` with `$metadata` and `$version`.
     pub fn properties(&self) -> Value {
         let mut m = Map::new();
-        m.insert("desired".into(), self.desired.render_section(self.desired_version, true));
-        m.insert("reported".into(), self.reported.render_section(self.reported_version, false));
+        m.insert("desired".into(), self.desired.root().render_section(self.desired_version, true));
+        m.insert("reported".into(), self.reported.root().render_section(self.reported_version, false));
         Value::Object(m)
     }
 }
@@ -227,10 +288,10 @@ impl DeviceEntry {
                 put("parentScopes", &|| json!(self.scopes.parent_scopes));
             }
         }
-        if !twin.configurations.is_empty() {
-            put("configurations", &|| super::config::render_marks(&twin.configurations));
+        if !twin.configurations.get().is_empty() {
+            put("configurations", &|| super::config::render_marks(twin.configurations.get()));
         }
-        put("tags", &|| Value::Object(twin.tags.to_map()));
+        put("tags", &|| Value::Object(twin.tags.root().to_map()));
         put("properties", &|| twin.properties());
         Value::Object(v)
     }

@@ -1,16 +1,18 @@
 //! Shard snapshots: the bytes a Raft snapshot of a shard holds, and the image they are encoded from.
 //!
-//! Two layouts are read; the second is the one written:
+//! Three layouts are read; the last is the one written:
 //! 1. JSON, `{"format":1,"state":{…}}`: the whole state as JSON.
-//! 2. Binary: the tag [`BINARY_TAG`], then postcard of [`Binary`] — the state's small parts (cluster
+//! 2. Binary with twin sections as trees: the tag [`NODE_TAG`], then as in 3 except that each
+//!    section is its [`super::Node`] tree in postcard.
+//! 3. Binary: the tag [`BINARY_TAG`], then postcard of [`Binary`] — the state's small parts (cluster
 //!    map, jobs, configurations, certificates, dedupe windows: records that hold arbitrary JSON and
 //!    are few) as JSON text, then the devices in postcard. Devices are nearly all of a loaded shard's
 //!    bytes, and as JSON each node of a twin's tree spelled out its field names and timestamps: a
 //!    1,165-byte twin took about 1.9 KB, and encoding 16 shards of 60k twins each took a fifth of the
 //!    CPU of a bulk load (benches/README.md).
 //!
-//! Array values are the one part of a twin postcard cannot carry as such (reading JSON back needs a
-//! self-describing format); in the binary layout they travel as their JSON text.
+//! Twin sections are written as the bytes a shard holds them in ([`super::packed`]), so encoding
+//! copies them and decoding checks them, without building a tree.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -20,7 +22,10 @@ use super::registry::DeviceEntry;
 use super::{tag_index, ShardState};
 
 /// The first bytes of a binary snapshot. A JSON snapshot starts with `{`.
-const BINARY_TAG: &[u8; 8] = b"twinsnp2";
+const BINARY_TAG: &[u8; 8] = b"twinsnp3";
+
+/// The first bytes of a binary snapshot written before twin sections were packed.
+const NODE_TAG: &[u8; 8] = b"twinsnp2";
 
 /// The only format number a JSON snapshot may carry.
 const JSON_FORMAT: u32 = 1;
@@ -93,17 +98,19 @@ impl ShardState {
     /// Reads a snapshot in either layout and rebuilds the query index.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<ShardState, String> {
         let corrupt = |e: &dyn std::fmt::Display| format!("corrupt shard snapshot: {e}");
-        let mut state = match bytes.strip_prefix(BINARY_TAG) {
-            Some(body) => {
-                let (binary, trailing) = postcard::take_from_bytes::<Binary>(body).map_err(|e| corrupt(&e))?;
-                if !trailing.is_empty() {
-                    return Err(corrupt(&format_args!("{} bytes after the devices", trailing.len())));
-                }
-                let mut state: ShardState = serde_json::from_str(binary.rest).map_err(|e| corrupt(&e))?;
-                state.devices = binary.devices;
-                state
+        let binary = |body: &[u8]| -> Result<ShardState, String> {
+            let (binary, trailing) = postcard::take_from_bytes::<Binary>(body).map_err(|e| corrupt(&e))?;
+            if !trailing.is_empty() {
+                return Err(corrupt(&format_args!("{} bytes after the devices", trailing.len())));
             }
-            None => {
+            let mut state: ShardState = serde_json::from_str(binary.rest).map_err(|e| corrupt(&e))?;
+            state.devices = binary.devices;
+            Ok(state)
+        };
+        let mut state = match (bytes.strip_prefix(BINARY_TAG), bytes.strip_prefix(NODE_TAG)) {
+            (Some(body), _) => binary(body)?,
+            (None, Some(body)) => super::packed::with_node_layout(|| binary(body))?,
+            (None, None) => {
                 let snap: Json = serde_json::from_slice(bytes).map_err(|e| corrupt(&e))?;
                 if snap.format != JSON_FORMAT {
                     return Err(format!("unknown shard snapshot format {}", snap.format));
@@ -132,6 +139,31 @@ mod tests {
         let pad = ShardState::decode_snapshot(&padded).unwrap_err();
         assert!(pad.contains("after the devices"), "{pad}");
         assert!(ShardState::decode_snapshot(b"").is_err());
+    }
+
+    #[test]
+    fn reads_the_layout_with_sections_as_trees() {
+        let mut state = ShardState::default();
+        let cmd = crate::model::Command::new(
+            crate::model::Op::PutDevice { device: crate::model::DeviceSpec::test_sas("d1"), if_match: None },
+            1_700_000_000_000,
+        );
+        state.apply(&cmd);
+        let patch = r#"{"tags":{"b":43,"a":[1,{"x":"y"}]},"properties":{"desired":{"fw":{"v":"2.0"}}}}"#;
+        let id = crate::TwinId::device("d1");
+        let cmd = crate::model::Command::new(
+            crate::model::Op::UpdateTwin { id, patch_json: patch.into(), if_match: None },
+            1_700_000_000_500,
+        );
+        assert!(state.apply(&cmd).result.is_ok());
+        let current = state.encode_snapshot();
+        let old = super::super::packed::with_node_layout(|| state.snapshot_image().encode(0));
+        assert_ne!(old[BINARY_TAG.len()..], current[BINARY_TAG.len()..], "sections differ in layout");
+        let old = [&NODE_TAG[..], &old[BINARY_TAG.len()..]].concat();
+        let read = ShardState::decode_snapshot(&old).expect("tree layout");
+        assert_eq!(read, state);
+        assert_eq!(ShardState::decode_snapshot(&current).expect("packed layout"), state);
+        assert!(read.tag_index_is_consistent());
     }
 
     #[test]

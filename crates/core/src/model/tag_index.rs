@@ -19,7 +19,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::doc::{Node, NodeValue};
+use super::packed::{NodeRef, ValueRef};
 
 /// Deepest tag path indexed (`tags.a.b.c.d`).
 pub const MAX_DEPTH: usize = 4;
@@ -68,7 +68,7 @@ pub struct TagIndex {
 
 impl TagIndex {
     /// Lists `device` under every indexed primitive of `tags`.
-    pub fn add(&mut self, device: &Arc<str>, tags: &Node) {
+    pub fn add(&mut self, device: &Arc<str>, tags: NodeRef<'_>) {
         let entries = &mut self.entries;
         Self::keys_of(tags, &mut Vec::new(), &mut |key| {
             entries.entry(key).or_default().insert(device.clone());
@@ -76,7 +76,7 @@ impl TagIndex {
     }
 
     /// Removes `device` from every key `tags` lists it under.
-    pub fn remove(&mut self, device: &str, tags: &Node) {
+    pub fn remove(&mut self, device: &str, tags: NodeRef<'_>) {
         let entries = &mut self.entries;
         Self::keys_of(tags, &mut Vec::new(), &mut |key| {
             if let Some(set) = entries.get_mut(&key) {
@@ -89,18 +89,18 @@ impl TagIndex {
     }
 
     /// Calls `f` with the key of every indexed primitive below `node` (`path` leads to `node`).
-    fn keys_of<'a>(node: &'a Node, path: &mut Vec<&'a str>, f: &mut dyn FnMut((String, IndexValue))) {
+    fn keys_of<'a>(node: NodeRef<'a>, path: &mut Vec<&'a str>, f: &mut dyn FnMut((String, IndexValue))) {
         for (name, child) in node.members() {
             path.push(name);
-            let value = match &child.value {
-                NodeValue::Object(_) if path.len() < MAX_DEPTH => {
+            let value = match child.value() {
+                ValueRef::Object if path.len() < MAX_DEPTH => {
                     Self::keys_of(child, path, f);
                     None
                 }
-                NodeValue::Bool(b) => Some(IndexValue::Bool(*b)),
-                NodeValue::Number(text) => text.parse::<f64>().ok().filter(|x| x.is_finite()).map(IndexValue::number),
-                NodeValue::String(s) => IndexValue::string(s),
-                NodeValue::Object(_) | NodeValue::Array(_) => None,
+                ValueRef::Bool(b) => Some(IndexValue::Bool(b)),
+                ValueRef::Number(text) => text.parse::<f64>().ok().filter(|x| x.is_finite()).map(IndexValue::number),
+                ValueRef::String(s) => IndexValue::string(s),
+                ValueRef::Object | ValueRef::Array(_) => None,
             };
             if let Some(v) = value {
                 f((path_key(path.iter().copied()), v));
@@ -131,11 +131,12 @@ impl TagIndex {
 mod tests {
     use serde_json::{json, Value};
 
+    use super::super::{Node, Packed};
     use super::*;
 
-    fn node(v: Value) -> Node {
+    fn node(v: Value) -> Packed {
         let Value::Object(m) = v else { panic!("object") };
-        Node::section_from_map(&m, 1, 0)
+        Packed::pack(&Node::section_from_map(&m, 1, 0))
     }
 
     fn ids(set: Option<&BTreeSet<Arc<str>>>) -> Vec<&str> {
@@ -149,9 +150,9 @@ mod tests {
     #[test]
     fn lists_devices_by_lowercased_path_and_numeric_value() {
         let mut idx = TagIndex::default();
-        idx.add(&id("d2"), &node(json!({"Building": 43, "loc": {"Floor": "2"}})));
-        idx.add(&id("d1"), &node(json!({"building": 43.0, "on": true, "arr": [1]})));
-        idx.add(&id("d3"), &node(json!({"building": 44})));
+        idx.add(&id("d2"), node(json!({"Building": 43, "loc": {"Floor": "2"}})).root());
+        idx.add(&id("d1"), node(json!({"building": 43.0, "on": true, "arr": [1]})).root());
+        idx.add(&id("d3"), node(json!({"building": 44})).root());
         assert_eq!(ids(idx.candidates(["BUILDING"].into_iter(), &IndexValue::number(43.0))), ["d1", "d2"]);
         assert_eq!(ids(idx.candidates(["loc", "floor"].into_iter(), &IndexValue::Str("2".into()))), ["d2"]);
         assert_eq!(ids(idx.candidates(["on"].into_iter(), &IndexValue::Bool(true))), ["d1"]);
@@ -167,11 +168,11 @@ mod tests {
     fn removing_a_device_drops_it_and_empty_keys() {
         let mut idx = TagIndex::default();
         let tags = node(json!({"b": 1, "t": {"x": "y"}}));
-        idx.add(&id("d1"), &tags);
-        idx.add(&id("d2"), &tags);
-        idx.remove("d1", &tags);
+        idx.add(&id("d1"), tags.root());
+        idx.add(&id("d2"), tags.root());
+        idx.remove("d1", tags.root());
         assert_eq!(ids(idx.candidates(["b"].into_iter(), &IndexValue::number(1.0))), ["d2"]);
-        idx.remove("d2", &tags);
+        idx.remove("d2", tags.root());
         assert_eq!(idx, TagIndex::default());
     }
 }

@@ -9,7 +9,7 @@ const T0: i64 = 1_700_000_000_000;
 
 fn auth() -> AuthSpec {
     AuthSpec {
-        auth_type: "sas".into(),
+        auth_type: AuthType::Sas,
         primary_key: Some("cHJpbWFyeQ==".into()),
         secondary_key: Some("c2Vjb25kYXJ5".into()),
         primary_thumbprint: None,
