@@ -23,7 +23,7 @@ pub struct Node {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum NodeValue {
     /// Members in insertion order (what clients sent first renders first).
-    Object(#[serde(deserialize_with = "tight_members")] Vec<(Box<str>, Node)>),
+    Object(Vec<(Box<str>, Node)>),
     Bool(bool),
     /// The number's exact text (serde_json's `arbitrary_precision`), so nothing is rounded.
     Number(Box<str>),
@@ -119,25 +119,12 @@ impl Node {
                 }
             }
         }
-        members.shrink_to_fit();
     }
 }
 
-/// Members read from a snapshot, without the spare room a vector grown element by element keeps.
-fn tight_members<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<(Box<str>, Node)>, D::Error> {
-    let mut members = Vec::<(Box<str>, Node)>::deserialize(d)?;
-    members.shrink_to_fit();
-    Ok(members)
-}
-
-/// The members of an object, in a vector of exactly their number: a twin lives in memory for as long
-/// as the fleet does, and a vector grown by pushing keeps room for four members (56 bytes each) where
-/// most objects have one or two.
+/// The members of an object (a tree lives only while a write changes it: no need to trim vectors).
 fn members_of(m: &Map<String, Value>, at: i64, version: i64) -> Vec<(Box<str>, Node)> {
-    let mut members: Vec<_> =
-        m.iter().filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n))).collect();
-    members.shrink_to_fit();
-    members
+    m.iter().filter_map(|(k, v)| Node::from_value(v, at, version).map(|n| (k.as_str().into(), n))).collect()
 }
 
 /// What a device must receive when desired is replaced: every member of `new` (unchanged ones too, as

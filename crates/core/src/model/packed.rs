@@ -1,8 +1,9 @@
 //! Twin sections (`tags`, desired, reported) as a shard holds them: each one packed into a single
 //! byte string, read in place. A fleet of millions of twins lives in memory for as long as the fleet
 //! does, and as a tree of [`Node`]s a small twin cost a heap block per member, per key and per number
-//! (each rounded up by the allocator) plus 56 bytes of node per member: about 800 bytes for a twin
-//! with three tags and a 200-byte desired value, against about 280 packed (benches/README.md).
+//! (each rounded up by the allocator) plus 56 bytes of node per member: about 760 bytes for the
+//! sections of a twin with three tags and a 200-byte desired value, against about 310 packed
+//! (`cargo bench --bench twin_bytes`).
 //!
 //! Writes unpack the section into a [`Node`] tree, merge, and pack it again: a write touches one twin,
 //! while every twin of the fleet is held, and reads (renders, queries, the tag index) walk the packed
