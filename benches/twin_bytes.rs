@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use twinhub::ids::TwinId;
 use twinhub::model::bulk::{BulkEntry, Identity, ImportMode};
 use twinhub::model::{AuthSpec, AuthType, Command, DeviceSpec, Op, ShardState, Status};
+use twinhub_bench::scenarios::memory::tags_of;
 
 /// Live bytes and blocks by requested size (sizes above the last slot share it).
 struct Counting;
@@ -47,21 +48,13 @@ fn by_size() -> Vec<isize> {
     BY_SIZE.iter().map(|a| a.load(Relaxed)).collect()
 }
 
-/// The bench's desired value: `{"seq":0,"ts":0,"pad":"…"}` of `bytes` bytes.
-fn value(bytes: usize) -> String {
-    let head = "{\"seq\":0,\"ts\":0,\"pad\":\"";
-    let pad: String =
-        (0..bytes - head.len() - 2).map(|i| b"abcdefghijklmnopqrstuvwxyz0123456789"[i * 7 % 36] as char).collect();
-    format!("{head}{pad}\"}}")
-}
-
 fn commands(twins: usize) -> Vec<Command> {
     let key = "q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=";
     (0..twins.div_ceil(100))
         .map(|c| {
             let entries = (c * 100..((c + 1) * 100).min(twins))
                 .map(|i| {
-                    let id = format!("fb{i:07}");
+                    let id = twinhub_bench::targets::key_of(i);
                     let device = DeviceSpec {
                         device_id: id.clone(),
                         status: Status::Enabled,
@@ -81,12 +74,8 @@ fn commands(twins: usize) -> Vec<Command> {
                         identity: Some(Identity::Device(device)),
                         etag: None,
                         twin_etag: None,
-                        tags_json: Some(format!(
-                            r#"{{"building":{},"battery":{},"jobgroup":false}}"#,
-                            i % 100,
-                            (i / 100) % 50
-                        )),
-                        desired_json: Some(format!(r#"{{"fb":{}}}"#, value(200))),
+                        tags_json: Some(tags_of(i).to_string()),
+                        desired_json: Some(format!(r#"{{"fb":{}}}"#, twinhub_bench::value::make(0, 0, 200))),
                     }
                 })
                 .collect();

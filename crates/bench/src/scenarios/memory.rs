@@ -105,7 +105,7 @@ fn rss_lines(report: &Value) -> Vec<(String, Vec<(f64, f64)>)> {
 }
 
 /// The tags the query bench gives twin `i` (with `--tags`).
-fn tags_of(i: usize) -> Value {
+pub fn tags_of(i: usize) -> Value {
     json!({"building": i % 100, "battery": (i / 100) % 50, "jobgroup": false})
 }
 

@@ -485,9 +485,7 @@ impl ShardState {
         let desired_version = cur.desired_version + i64::from(desired_patch.is_some());
         let tags = match &tags_patch {
             Some(p) => {
-                let mut n = cur.tags.unpack();
-                n.merge(p, at, 0);
-                let n = Packed::pack(&n);
+                let n = cur.tags.merged(p, at, 0);
                 check_size("tags", n.root().size(), MAX_TAGS_SIZE)?;
                 Some(n)
             }
@@ -495,9 +493,7 @@ impl ShardState {
         };
         let desired = match &desired_patch {
             Some(p) => {
-                let mut n = cur.desired.unpack();
-                n.merge(p, at, desired_version);
-                let n = Packed::pack(&n);
+                let n = cur.desired.merged(p, at, desired_version);
                 check_size("properties.desired", n.root().size(), MAX_DESIRED_SIZE)?;
                 Some(n)
             }
@@ -602,9 +598,7 @@ impl ShardState {
         let cur = self.twin_doc(id)?;
         let version = cur.version + 1;
         let reported_version = cur.reported_version + 1;
-        let mut reported = cur.reported.unpack();
-        reported.merge(patch, at, reported_version);
-        let reported = Packed::pack(&reported);
+        let reported = cur.reported.merged(patch, at, reported_version);
         check_size("properties.reported", reported.root().size(), MAX_REPORTED_SIZE)?;
         // A reported patch is device activity: `lastActivityTime` follows it, at the command's own
         // timestamp so that every replica writes the same value.

@@ -77,14 +77,23 @@ impl Packed {
         self.root().to_node()
     }
 
+    /// The section with an object patch merged in ([`Node::merge`]), every node it names stamped
+    /// `at`/`version`.
+    pub fn merged(&self, patch: &Map<String, Value>, at: i64, version: i64) -> Packed {
+        let mut node = self.unpack();
+        node.merge(patch, at, version);
+        Packed::pack(&node)
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
 
     /// Bytes read from outside the process, checked: every node well formed, every text UTF-8.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Packed, String> {
-        check(bytes, (NEVER, 0), 0)?;
-        Ok(Packed(bytes.into()))
+    /// Kept as they are, without a copy.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Packed, String> {
+        check(&bytes, (NEVER, 0), 0)?;
+        Ok(Packed(bytes.into_boxed_slice()))
     }
 }
 
@@ -405,8 +414,7 @@ impl<'de> Deserialize<'de> for Packed {
         if d.is_human_readable() || NODE_LAYOUT.with(Cell::get) {
             Node::deserialize(d).map(|n| Packed::pack(&n))
         } else {
-            let bytes = serde_bytes_buf(d)?;
-            Packed::from_bytes(&bytes).map_err(serde::de::Error::custom)
+            Packed::from_bytes(serde_bytes_buf(d)?).map_err(serde::de::Error::custom)
         }
     }
 }
@@ -465,7 +473,7 @@ mod tests {
         let n = section(json!({"a": {"s": big, "t": 1}, "b": 2}), 5, 0);
         let p = Packed::pack(&n);
         assert_eq!(p.unpack(), n);
-        assert_eq!(Packed::from_bytes(p.as_bytes()), Ok(p));
+        assert_eq!(Packed::from_bytes(p.as_bytes().to_vec()), Ok(p));
     }
 
     #[test]
@@ -474,13 +482,13 @@ mod tests {
         let bytes = p.as_bytes();
         for cut in 0..bytes.len() {
             // Any prefix is either refused or a different valid section; never a panic.
-            let _ = Packed::from_bytes(&bytes[..cut]);
+            let _ = Packed::from_bytes(bytes[..cut].to_vec());
         }
-        assert!(Packed::from_bytes(&[]).is_err());
-        assert!(Packed::from_bytes(&[7]).is_err(), "unknown kind");
-        assert!(Packed::from_bytes(&[OBJECT, 1, 0xff]).is_err(), "key past the end");
-        assert!(Packed::from_bytes(&[STRING, 0xc3]).is_err(), "not UTF-8");
-        assert!(Packed::from_bytes(&[TRUE, 1]).is_err(), "a boolean with a payload");
+        assert!(Packed::from_bytes(Vec::new()).is_err());
+        assert!(Packed::from_bytes([7].to_vec()).is_err(), "unknown kind");
+        assert!(Packed::from_bytes([OBJECT, 1, 0xff].to_vec()).is_err(), "key past the end");
+        assert!(Packed::from_bytes([STRING, 0xc3].to_vec()).is_err(), "not UTF-8");
+        assert!(Packed::from_bytes([TRUE, 1].to_vec()).is_err(), "a boolean with a payload");
     }
 
     #[test]
