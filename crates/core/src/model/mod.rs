@@ -324,9 +324,8 @@ impl ShardState {
         after: Option<&'a str>,
     ) -> Option<(usize, Box<dyn Iterator<Item = TwinRef<'a>> + 'a>)> {
         let ids = self.tag_index.candidates(path, value)?;
-        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let twins = ids.range::<str, _>((start, Bound::Unbounded)).filter_map(|id| {
-            let (id, device) = self.devices.get_key_value(&**id)?;
+        let twins = ids.after(after).filter_map(|id| {
+            let (id, device) = self.devices.get_key_value(id)?;
             Some(TwinRef { device_id: id, device, module: None })
         });
         Some((ids.len(), Box::new(twins)))
@@ -430,6 +429,15 @@ impl ShardState {
 /// key rules, allowed top-level members. The error names the offending path and the limit.
 pub fn validate_twin_patch(body: &Value) -> Result<(), TwinError> {
     validate::service_body(body).map(|_| ())
+}
+
+/// Validates the sections a bulk registry entry writes (`tags`, `properties.desired`), by the same
+/// rules as a twin PATCH carrying them, without building that PATCH.
+pub fn validate_twin_sections(
+    tags: Option<&serde_json::Map<String, Value>>,
+    desired: Option<&serde_json::Map<String, Value>>,
+) -> Result<(), TwinError> {
+    validate::check_sections(tags, desired)
 }
 
 /// Validates a service twin PUT body (replace tags and desired).

@@ -17,6 +17,7 @@
 //! The index is derived state: it is not in snapshots and is rebuilt when a snapshot is decoded.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use super::packed::{NodeRef, ValueRef};
@@ -59,11 +60,104 @@ fn path_key<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
     out
 }
 
-/// Device ids are the shard's own (`Arc<str>` shared with its device map): an entry costs a pointer,
-/// not a copy of the id.
+/// Ids of at most this many bytes are held inline in the index.
+const INLINE: usize = 16;
+
+/// The devices listed under one key. An insert compares the new id with a dozen or more of the set's,
+/// so ids of up to [`INLINE`] bytes (most fleets' naming) are held inline, zero-padded: those compares
+/// stay in the tree's own nodes instead of chasing a pointer to each id's text. Padding orders as the
+/// ids do, since an id held inline never contains a NUL byte. Longer ids are the shard's own
+/// (`Arc<str>` shared with its device map), so either way an entry costs 16 bytes.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct IdSet {
+    inline: BTreeSet<[u8; INLINE]>,
+    shared: BTreeSet<Arc<str>>,
+}
+
+/// `id` zero-padded, if it is held inline.
+fn inline_id(id: &str) -> Option<[u8; INLINE]> {
+    let bytes = id.as_bytes();
+    if bytes.len() > INLINE || bytes.contains(&0) {
+        return None;
+    }
+    let mut out = [0; INLINE];
+    out[..bytes.len()].copy_from_slice(bytes);
+    Some(out)
+}
+
+/// The id an inline entry holds (it was a whole `str` before padding, so it decodes).
+fn inline_str(bytes: &[u8; INLINE]) -> Option<&str> {
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(INLINE);
+    std::str::from_utf8(&bytes[..len]).ok()
+}
+
+impl IdSet {
+    fn insert(&mut self, id: &Arc<str>) {
+        match inline_id(id) {
+            Some(b) => self.inline.insert(b),
+            None => self.shared.insert(id.clone()),
+        };
+    }
+
+    fn remove(&mut self, id: &str) {
+        match inline_id(id) {
+            Some(b) => self.inline.remove(&b),
+            None => self.shared.remove(id),
+        };
+    }
+
+    fn is_empty(&self) -> bool {
+        self.inline.is_empty() && self.shared.is_empty()
+    }
+}
+
+/// The devices an index key lists (see [`TagIndex::candidates`]).
+#[derive(Clone, Copy)]
+pub struct Candidates<'a> {
+    set: &'a IdSet,
+}
+
+impl<'a> Candidates<'a> {
+    pub fn len(&self) -> usize {
+        self.set.inline.len() + self.set.shared.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The ids after `after` (all of them for `None`), in id order.
+    pub fn after(self, after: Option<&'a str>) -> impl Iterator<Item = &'a str> + 'a {
+        // Inline ids from a lower bound no id after `after` is below: its first bytes up to a NUL.
+        let low = after.map(|a| {
+            let cut = a.bytes().take(INLINE).position(|b| b == 0).unwrap_or(a.len().min(INLINE));
+            let mut out = [0; INLINE];
+            out[..cut].copy_from_slice(&a.as_bytes()[..cut]);
+            out
+        });
+        let inline = self
+            .set
+            .inline
+            .range::<[u8; INLINE], _>((low.as_ref().map_or(Bound::Unbounded, Bound::Included), Bound::Unbounded))
+            .filter_map(inline_str);
+        let shared = self
+            .set
+            .shared
+            .range::<str, _>((after.map_or(Bound::Unbounded, Bound::Excluded), Bound::Unbounded))
+            .map(|id| &**id);
+        let mut inline = inline.filter(move |id| after.is_none_or(|a| *id > a)).peekable();
+        let mut shared = shared.peekable();
+        std::iter::from_fn(move || match (inline.peek(), shared.peek()) {
+            (Some(a), Some(b)) if b < a => shared.next(),
+            (Some(_), _) => inline.next(),
+            (None, _) => shared.next(),
+        })
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TagIndex {
-    entries: HashMap<(String, IndexValue), BTreeSet<Arc<str>>>,
+    entries: HashMap<(String, IndexValue), IdSet>,
 }
 
 impl TagIndex {
@@ -71,7 +165,7 @@ impl TagIndex {
     pub fn add(&mut self, device: &Arc<str>, tags: NodeRef<'_>) {
         let entries = &mut self.entries;
         Self::keys_of(tags, &mut Vec::new(), &mut |key| {
-            entries.entry(key).or_default().insert(device.clone());
+            entries.entry(key).or_default().insert(device);
         });
     }
 
@@ -109,21 +203,21 @@ impl TagIndex {
         }
     }
 
-    /// The devices that may hold `value` at the tag path `path` (the segments after `tags`), in id
-    /// order; `None` if such a path or value is not indexed, so the index cannot tell.
+    /// The devices that may hold `value` at the tag path `path` (the segments after `tags`); `None`
+    /// if such a path or value is not indexed, so the index cannot tell.
     pub fn candidates<'s, 'p>(
         &'s self,
         path: impl ExactSizeIterator<Item = &'p str>,
         value: &IndexValue,
-    ) -> Option<&'s BTreeSet<Arc<str>>> {
-        static EMPTY: BTreeSet<Arc<str>> = BTreeSet::new();
+    ) -> Option<Candidates<'s>> {
+        static EMPTY: IdSet = IdSet { inline: BTreeSet::new(), shared: BTreeSet::new() };
         if path.len() == 0 || path.len() > MAX_DEPTH {
             return None;
         }
         if matches!(value, IndexValue::Str(s) if s.len() > MAX_STRING) {
             return None;
         }
-        Some(self.entries.get(&(path_key(path), value.clone())).unwrap_or(&EMPTY))
+        Some(Candidates { set: self.entries.get(&(path_key(path), value.clone())).unwrap_or(&EMPTY) })
     }
 }
 
@@ -139,8 +233,11 @@ mod tests {
         Packed::pack(&Node::section_from_map(&m, 1, 0))
     }
 
-    fn ids(set: Option<&BTreeSet<Arc<str>>>) -> Vec<&str> {
-        set.expect("indexed").iter().map(|id| &**id).collect()
+    fn ids(set: Option<Candidates<'_>>) -> Vec<&str> {
+        let set = set.expect("indexed");
+        let all: Vec<&str> = set.after(None).collect();
+        assert_eq!(all.len(), set.len());
+        all
     }
 
     fn id(s: &str) -> Arc<str> {
@@ -162,6 +259,41 @@ mod tests {
         let long = "x".repeat(MAX_STRING + 1);
         assert!(idx.candidates(["s"].into_iter(), &IndexValue::Str(long.into())).is_none());
         assert_eq!(IndexValue::number(-0.0), IndexValue::number(0.0));
+    }
+
+    #[test]
+    fn short_and_long_ids_list_in_one_id_order_and_resume_after_any_id() {
+        let mut idx = TagIndex::default();
+        let tags = node(json!({"b": 1}));
+        // Ids around the inline limit, sharing prefixes with the longer ones.
+        let ids = [
+            "a",
+            "abcdefghijklmnop",  // 16 bytes: inline
+            "abcdefghijklmnopq", // 17: shared
+            "abcdefghijklmnoq",
+            "abcdefghijklmnopqrstuvwxyz",
+            "b",
+            "zzzzzzzzzzzzzzzzzzzz",
+        ];
+        for d in ids {
+            idx.add(&id(d), tags.root());
+        }
+        let mut sorted = ids.to_vec();
+        sorted.sort();
+        let set = idx.candidates(["b"].into_iter(), &IndexValue::number(1.0)).expect("indexed");
+        assert_eq!(set.after(None).collect::<Vec<_>>(), sorted);
+        assert_eq!(set.len(), ids.len());
+        // Resuming after each listed id, and after ids that are not listed (shorter, longer, between).
+        for after in
+            sorted.iter().copied().chain(["", "abcdefghijklmno", "abcdefghijklmnopp", "aa", "zzzzzzzzzzzzzzzzzzzzz"])
+        {
+            let want: Vec<&str> = sorted.iter().copied().filter(|d| *d > after).collect();
+            assert_eq!(set.after(Some(after)).collect::<Vec<_>>(), want, "after {after:?}");
+        }
+        for d in ids {
+            idx.remove(d, tags.root());
+        }
+        assert_eq!(idx, TagIndex::default());
     }
 
     #[test]
