@@ -20,7 +20,7 @@ use super::{body, json_response, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;
 use crate::model::bulk::{BulkEntry, Identity, ImportMode};
-use crate::model::{now_ms, validate_id, validate_twin_patch, Command, Op, Reply};
+use crate::model::{now_ms, validate_id, validate_twin_sections, Command, Op, Reply};
 
 /// Entries one call may carry, as IoT Hub allows.
 pub const MAX_ENTRIES: usize = 100;
@@ -35,6 +35,11 @@ fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Api
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(other) => Err(bad(format!("{key} must be a string, got {other}"))),
     }
+}
+
+/// A section's JSON text, as the command carries it.
+fn section_text(section: &Map<String, Value>) -> Result<String, ApiError> {
+    serde_json::to_string(section).map_err(|e| ApiError::Internal(format!("rendering a twin section: {e}")))
 }
 
 /// One `ExportImportDevice` → a validated entry. Identity bodies go through the same parsing as
@@ -63,28 +68,19 @@ fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
     };
     let tags = match obj.get("tags") {
         None | Some(Value::Null) => None,
-        Some(t @ Value::Object(_)) => Some(t.clone()),
+        Some(Value::Object(t)) => Some(t),
         Some(other) => return Err(bad(format!("tags must be a JSON object, got {other}"))),
     };
     let desired = match obj.get("properties").and_then(|p| p.get("desired")) {
         None | Some(Value::Null) => None,
-        Some(d @ Value::Object(_)) => Some(d.clone()),
+        Some(Value::Object(d)) => Some(d),
         Some(other) => return Err(bad(format!("properties.desired must be a JSON object, got {other}"))),
     };
     if matches!(mode, ImportMode::Delete | ImportMode::DeleteIfMatchETag) && (tags.is_some() || desired.is_some()) {
         return Err(bad(format!("importMode {} takes no twin sections", mode.as_str())));
     }
     // The same limits as a twin PATCH (key names, depth, sizes), before anything is proposed.
-    let mut patch = Map::new();
-    if let Some(t) = &tags {
-        patch.insert("tags".into(), t.clone());
-    }
-    if let Some(d) = &desired {
-        patch.insert("properties".into(), json!({ "desired": d }));
-    }
-    if !patch.is_empty() {
-        validate_twin_patch(&Value::Object(patch))?;
-    }
+    validate_twin_sections(tags, desired)?;
     Ok(BulkEntry {
         id: match module {
             Some(m) => TwinId::module(device, m),
@@ -94,8 +90,8 @@ fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
         identity,
         etag: opt_string(obj, "eTag")?,
         twin_etag: opt_string(obj, "twinETag")?,
-        tags_json: tags.map(|t| t.to_string()),
-        desired_json: desired.map(|d| d.to_string()),
+        tags_json: tags.map(section_text).transpose()?,
+        desired_json: desired.map(section_text).transpose()?,
     })
 }
 

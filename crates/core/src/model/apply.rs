@@ -2,6 +2,7 @@
 //! first and writes only once nothing can fail any more, so a rejected command changes nothing.
 
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
@@ -37,11 +38,13 @@ pub(super) fn clear_patch(section: NodeRef<'_>) -> Map<String, Value> {
     section.members().map(|(k, _)| (k.to_string(), Value::Null)).collect()
 }
 
-fn effective_patch(section: Section<'_>, current: NodeRef<'_>) -> Option<Map<String, Value>> {
+/// The members a section write sets: the body's own (borrowed: a replica nobody listens to never
+/// copies them), or every current key removed for a `null` section.
+fn effective_patch<'a>(section: Section<'a>, current: NodeRef<'_>) -> Option<Cow<'a, Map<String, Value>>> {
     match section {
         Section::Absent => None,
-        Section::Null => Some(clear_patch(current)),
-        Section::Object(m) => Some(m.clone()),
+        Section::Null => Some(Cow::Owned(clear_patch(current))),
+        Section::Object(m) => Some(Cow::Borrowed(m)),
     }
 }
 
@@ -520,10 +523,10 @@ impl ShardState {
         let mut change = Map::new();
         change.insert("version".into(), Value::from(version));
         if let Some(p) = &tags_patch {
-            change.insert("tags".into(), Value::Object(p.clone()));
+            change.insert("tags".into(), Value::Object(p.clone().into_owned()));
         }
         if let Some(p) = &desired_patch {
-            let mut section = p.clone();
+            let mut section = p.clone().into_owned();
             section.insert("$metadata".into(), twin.desired.root().patch_metadata(p, true));
             section.insert("$version".into(), Value::from(desired_version));
             let mut props = Map::new();
@@ -539,7 +542,7 @@ impl ShardState {
         if let Some(p) = desired_patch {
             events.push(Event::DesiredPatch {
                 id: id.clone(),
-                patch: with_version(p, desired_version),
+                patch: with_version(p.into_owned(), desired_version),
                 desired_version,
             });
         }

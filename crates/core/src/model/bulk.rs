@@ -203,7 +203,7 @@ impl ShardState {
             body.insert("tags".into(), t);
         }
         if let Some(d) = desired {
-            body.insert("properties".into(), serde_json::json!({ "desired": d }));
+            body.insert("properties".into(), Value::Object(Map::from_iter([("desired".into(), d)])));
         }
         Ok(Some(Value::Object(body)))
     }

@@ -134,6 +134,15 @@ fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinErro
     }
 }
 
+/// [`check_section`] for the sections of a service body that has them.
+pub(super) fn check_sections(
+    tags: Option<&Map<String, Value>>,
+    desired: Option<&Map<String, Value>>,
+) -> Result<(), TwinError> {
+    check_section(tags.map_or(Section::Absent, Section::Object), "tags", MAX_TAGS_SIZE)?;
+    check_section(desired.map_or(Section::Absent, Section::Object), "properties.desired", MAX_DESIRED_SIZE)
+}
+
 /// Keys, values and depth of a section, and its size. For a patch, the size checked is that of the
 /// patch without its removals: the merged result contains all of it, so a patch over the limit can only
 /// give a result over the limit (apply checks the merged result itself).
