@@ -140,7 +140,9 @@ async fn bulk_populate(
                     .enumerate()
                     .map(|(j, id)| {
                         let v = crate::value::make(0, 0, value.sample(&mut rng));
-                        let desired = serde_json::from_str::<Value>(&v).ok().map(|v| json!({"fb": v}));
+                        let desired = serde_json::from_str::<Value>(&v)
+                            .ok()
+                            .map(|v| Value::Object(serde_json::Map::from_iter([("fb".to_string(), v)])));
                         let tags = tags.then(|| tags_of(first + i * BULK + j));
                         BulkDevice { id: id.clone(), key: twinhub::auth::generate_key(), tags, desired }
                     })
