@@ -325,7 +325,7 @@ impl ShardState {
     ) -> Option<(usize, Box<dyn Iterator<Item = TwinRef<'a>> + 'a>)> {
         let ids = self.tag_index.candidates(path, value)?;
         let twins = ids.after(after).filter_map(|id| {
-            let (id, device) = self.devices.get_key_value(id)?;
+            let (id, device) = self.devices.get_key_value(id.as_str())?;
             Some(TwinRef { device_id: id, device, module: None })
         });
         Some((ids.len(), Box::new(twins)))

@@ -64,44 +64,59 @@ fn path_key<'a>(segments: impl IntoIterator<Item = &'a str>) -> String {
 const INLINE: usize = 16;
 
 /// The devices listed under one key. An insert compares the new id with a dozen or more of the set's,
-/// so ids of up to [`INLINE`] bytes (most fleets' naming) are held inline, zero-padded: those compares
-/// stay in the tree's own nodes instead of chasing a pointer to each id's text. Padding orders as the
-/// ids do, since an id held inline never contains a NUL byte. Longer ids are the shard's own
-/// (`Arc<str>` shared with its device map), so either way an entry costs 16 bytes.
+/// so ids of up to [`INLINE`] bytes (most fleets' naming) are held inline, as the big-endian number
+/// of their zero-padded bytes: each of those compares is one integer compare in the tree's own nodes
+/// instead of a pointer chase to the id's text. Padded numbers order as the ids do, since an id held
+/// inline never contains a NUL byte. Longer ids are the shard's own (`Arc<str>` shared with its
+/// device map), so either way an entry costs 16 bytes.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct IdSet {
-    inline: BTreeSet<[u8; INLINE]>,
+    inline: BTreeSet<u128>,
     shared: BTreeSet<Arc<str>>,
 }
 
-/// `id` zero-padded, if it is held inline.
-fn inline_id(id: &str) -> Option<[u8; INLINE]> {
+/// `id` as its inline number, if it is held inline.
+fn inline_id(id: &str) -> Option<u128> {
     let bytes = id.as_bytes();
     if bytes.len() > INLINE || bytes.contains(&0) {
         return None;
     }
     let mut out = [0; INLINE];
     out[..bytes.len()].copy_from_slice(bytes);
-    Some(out)
+    Some(u128::from_be_bytes(out))
 }
 
-/// The id an inline entry holds (it was a whole `str` before padding, so it decodes).
-fn inline_str(bytes: &[u8; INLINE]) -> Option<&str> {
-    let len = bytes.iter().position(|&b| b == 0).unwrap_or(INLINE);
-    std::str::from_utf8(&bytes[..len]).ok()
+/// A listed device id: an inline one's bytes, or the shard's shared text.
+#[derive(Clone, Copy, Debug)]
+pub enum CandidateId<'a> {
+    Inline([u8; INLINE]),
+    Shared(&'a str),
+}
+
+impl CandidateId<'_> {
+    /// The id (an inline one was a whole `str` before padding, so it decodes).
+    pub fn as_str(&self) -> &str {
+        match self {
+            CandidateId::Inline(bytes) => {
+                let len = bytes.iter().position(|&b| b == 0).unwrap_or(INLINE);
+                std::str::from_utf8(&bytes[..len]).unwrap_or_default()
+            }
+            CandidateId::Shared(s) => s,
+        }
+    }
 }
 
 impl IdSet {
     fn insert(&mut self, id: &Arc<str>) {
         match inline_id(id) {
-            Some(b) => self.inline.insert(b),
+            Some(n) => self.inline.insert(n),
             None => self.shared.insert(id.clone()),
         };
     }
 
     fn remove(&mut self, id: &str) {
         match inline_id(id) {
-            Some(b) => self.inline.remove(&b),
+            Some(n) => self.inline.remove(&n),
             None => self.shared.remove(id),
         };
     }
@@ -127,28 +142,29 @@ impl<'a> Candidates<'a> {
     }
 
     /// The ids after `after` (all of them for `None`), in id order.
-    pub fn after(self, after: Option<&'a str>) -> impl Iterator<Item = &'a str> + 'a {
+    pub fn after(self, after: Option<&'a str>) -> impl Iterator<Item = CandidateId<'a>> + 'a {
         // Inline ids from a lower bound no id after `after` is below: its first bytes up to a NUL.
         let low = after.map(|a| {
             let cut = a.bytes().take(INLINE).position(|b| b == 0).unwrap_or(a.len().min(INLINE));
             let mut out = [0; INLINE];
             out[..cut].copy_from_slice(&a.as_bytes()[..cut]);
-            out
+            u128::from_be_bytes(out)
         });
         let inline = self
             .set
             .inline
-            .range::<[u8; INLINE], _>((low.as_ref().map_or(Bound::Unbounded, Bound::Included), Bound::Unbounded))
-            .filter_map(inline_str);
+            .range((low.map_or(Bound::Unbounded, Bound::Included), Bound::Unbounded))
+            .map(|n| CandidateId::Inline(n.to_be_bytes()))
+            .filter(move |id| after.is_none_or(|a| id.as_str() > a));
         let shared = self
             .set
             .shared
             .range::<str, _>((after.map_or(Bound::Unbounded, Bound::Excluded), Bound::Unbounded))
-            .map(|id| &**id);
-        let mut inline = inline.filter(move |id| after.is_none_or(|a| *id > a)).peekable();
+            .map(|id| CandidateId::Shared(id));
+        let mut inline = inline.peekable();
         let mut shared = shared.peekable();
         std::iter::from_fn(move || match (inline.peek(), shared.peek()) {
-            (Some(a), Some(b)) if b < a => shared.next(),
+            (Some(a), Some(b)) if b.as_str() < a.as_str() => shared.next(),
             (Some(_), _) => inline.next(),
             (None, _) => shared.next(),
         })
@@ -233,9 +249,9 @@ mod tests {
         Packed::pack(&Node::section_from_map(&m, 1, 0))
     }
 
-    fn ids(set: Option<Candidates<'_>>) -> Vec<&str> {
+    fn ids(set: Option<Candidates<'_>>) -> Vec<String> {
         let set = set.expect("indexed");
-        let all: Vec<&str> = set.after(None).collect();
+        let all: Vec<String> = set.after(None).map(|id| id.as_str().to_string()).collect();
         assert_eq!(all.len(), set.len());
         all
     }
@@ -281,14 +297,15 @@ mod tests {
         let mut sorted = ids.to_vec();
         sorted.sort();
         let set = idx.candidates(["b"].into_iter(), &IndexValue::number(1.0)).expect("indexed");
-        assert_eq!(set.after(None).collect::<Vec<_>>(), sorted);
+        let listed = |after| set.after(after).map(|id| id.as_str().to_string()).collect::<Vec<_>>();
+        assert_eq!(listed(None), sorted);
         assert_eq!(set.len(), ids.len());
         // Resuming after each listed id, and after ids that are not listed (shorter, longer, between).
         for after in
             sorted.iter().copied().chain(["", "abcdefghijklmno", "abcdefghijklmnopp", "aa", "zzzzzzzzzzzzzzzzzzzzz"])
         {
             let want: Vec<&str> = sorted.iter().copied().filter(|d| *d > after).collect();
-            assert_eq!(set.after(Some(after)).collect::<Vec<_>>(), want, "after {after:?}");
+            assert_eq!(listed(Some(after)), want, "after {after:?}");
         }
         for d in ids {
             idx.remove(d, tags.root());
