@@ -78,9 +78,26 @@ impl std::fmt::Display for GenerationId {
     }
 }
 
+impl GenerationId {
+    /// The 18 digits, written without a formatter: every snapshot writes one per identity.
+    fn digits(self) -> [u8; 18] {
+        let mut out = [b'0'; 18];
+        let mut n = self.0;
+        for d in out.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out
+    }
+}
+
 impl Serialize for GenerationId {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        let digits = self.digits();
+        match std::str::from_utf8(&digits) {
+            Ok(text) => s.serialize_str(text),
+            Err(_) => s.collect_str(self),
+        }
     }
 }
 
@@ -340,5 +357,22 @@ impl ModuleEntry {
             "cloudToDeviceMessageCount": 0,
             "authentication": id.authentication(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_ids_serialize_as_their_18_digits() {
+        for n in [0, 7, 123_456_789, 999_999_999_999_999_999] {
+            let g = GenerationId(n);
+            let text = format!("{n:018}");
+            assert_eq!(serde_json::to_value(g).unwrap(), serde_json::Value::String(text.clone()));
+            assert_eq!(g.to_string(), text);
+            let back: GenerationId = postcard::from_bytes(&postcard::to_allocvec(&g).unwrap()).unwrap();
+            assert_eq!(back, g);
+        }
     }
 }
