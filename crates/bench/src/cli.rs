@@ -227,6 +227,9 @@ pub enum BenchCommand {
         /// Stop creating twins early when the machine's MemAvailable falls below this (MB).
         #[arg(long, default_value_t = 4096)]
         min_available_mb: u64,
+        /// Also sample RSS this many seconds after the load, once the nodes have settled (0: don't).
+        #[arg(long, default_value_t = 30)]
+        settle_secs: u64,
         #[arg(long)]
         out: PathBuf,
     },
@@ -410,10 +413,12 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
                 kill9,
                 tags,
                 min_available_mb,
+                settle_secs,
                 out,
             } => memory::run(memory::MemoryOpts {
                 tags,
                 min_available_mb,
+                settle_secs,
                 bin,
                 shards: shard_count,
                 twins: twins.max(1),

@@ -27,6 +27,9 @@ pub struct MemoryOpts {
     pub tags: bool,
     /// Stop creating twins when the machine's MemAvailable falls below this.
     pub min_available_mb: u64,
+    /// Seconds after the load at which RSS is sampled a second time, once the nodes have settled
+    /// (0: no second sample).
+    pub settle_secs: u64,
     pub out: PathBuf,
 }
 
@@ -194,6 +197,9 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     let mut populate_errors = 0;
     let mut curve = Vec::new();
     let mut stopped_early = None;
+    // CPU seconds the nodes and this client spend loading: a steadier yardstick than the rate on a
+    // machine whose speed drifts from one run to the next.
+    let cpu_start = (crate::procs::cpu_of(&pids), crate::procs::cpu_secs(std::process::id()));
     while done < o.twins {
         let end = (done + step).min(o.twins);
         let chunk: Arc<Vec<String>> = Arc::new(keys[done..end].to_vec());
@@ -218,6 +224,9 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
         }
     }
     let twins_done = done;
+    let per_twin_us = |secs: f64| secs * 1e6 / twins_done.max(1) as f64;
+    let server_cpu_us = per_twin_us(crate::procs::cpu_of(&pids) - cpu_start.0);
+    let client_cpu_us = per_twin_us(crate::procs::cpu_secs(std::process::id()) - cpu_start.1);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = per_node(&pids);
     let data_mb: Vec<f64> =
@@ -245,7 +254,22 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     for (i, ((b, a), bpt)) in before.iter().zip(&after).zip(&bytes_per_twin).enumerate() {
         println!("  node {}: RSS {b:.0} MB → {a:.0} MB, {bpt:.0} bytes per twin, data dir {:.0} MB", i + 1, data_mb[i]);
     }
-    println!("  populate {:.0} s ({:.0} twins/s)", populate_s, twins_done as f64 / populate_s);
+    println!(
+        "  populate {:.0} s ({:.0} twins/s); CPU per twin: {server_cpu_us:.0} µs in the 3 nodes, {client_cpu_us:.0} µs in this client",
+        populate_s,
+        twins_done as f64 / populate_s
+    );
+    // RSS 5 s after the load still holds what the load left in flight (the last snapshots being
+    // written, allocator pages not yet returned); a node at rest is sampled again later.
+    let settled = if o.settle_secs > 5 {
+        eprintln!("  waiting {} s after the load for the nodes to settle", o.settle_secs);
+        tokio::time::sleep(Duration::from_secs(o.settle_secs - 5)).await;
+        let rss = per_node(&pids);
+        println!("  RSS {} s after the load: {rss:.0?} MB", o.settle_secs);
+        Some(rss)
+    } else {
+        None
+    };
     // Marginal cost from the second half of the curve (excludes fixed start-up memory).
     let marginal = marginal_bytes_per_twin(&curve);
     if let Some(m) = &marginal {
@@ -263,10 +287,14 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
         "populate_s": populate_s,
         "populate_errors": populate_errors,
         "twins_per_s": twins_done as f64 / populate_s,
+        "server_cpu_us_per_twin": server_cpu_us,
+        "client_cpu_us_per_twin": client_cpu_us,
         "curve": curve,
         "marginal_bytes_per_twin_per_node": marginal,
         "rss_before_mb": before,
         "rss_after_mb": after,
+        "rss_settled_mb": settled,
+        "settle_secs": o.settle_secs,
         "bytes_per_twin_per_node": bytes_per_twin,
         "bytes_per_twin_mean": mean_bpt,
         "twin_json_bytes": json_bytes,
