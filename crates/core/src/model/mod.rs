@@ -437,6 +437,8 @@ pub fn validate_twin_sections(
     tags: Option<&serde_json::Map<String, Value>>,
     desired: Option<&serde_json::Map<String, Value>>,
 ) -> Result<(), TwinError> {
+    let tags = tags.map_or(validate::Section::Absent, validate::Section::Object);
+    let desired = desired.map_or(validate::Section::Absent, validate::Section::Object);
     validate::check_sections(tags, desired)
 }
 

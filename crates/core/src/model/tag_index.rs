@@ -75,15 +75,17 @@ struct IdSet {
     shared: BTreeSet<Arc<str>>,
 }
 
+/// The big-endian number of `bytes` (at most [`INLINE`] of them) zero-padded.
+fn padded(bytes: &[u8]) -> u128 {
+    let mut out = [0; INLINE];
+    out[..bytes.len()].copy_from_slice(bytes);
+    u128::from_be_bytes(out)
+}
+
 /// `id` as its inline number, if it is held inline.
 fn inline_id(id: &str) -> Option<u128> {
     let bytes = id.as_bytes();
-    if bytes.len() > INLINE || bytes.contains(&0) {
-        return None;
-    }
-    let mut out = [0; INLINE];
-    out[..bytes.len()].copy_from_slice(bytes);
-    Some(u128::from_be_bytes(out))
+    (bytes.len() <= INLINE && !bytes.contains(&0)).then(|| padded(bytes))
 }
 
 /// A listed device id: an inline one's bytes, or the shard's shared text.
@@ -146,9 +148,7 @@ impl<'a> Candidates<'a> {
         // Inline ids from a lower bound no id after `after` is below: its first bytes up to a NUL.
         let low = after.map(|a| {
             let cut = a.bytes().take(INLINE).position(|b| b == 0).unwrap_or(a.len().min(INLINE));
-            let mut out = [0; INLINE];
-            out[..cut].copy_from_slice(&a.as_bytes()[..cut]);
-            u128::from_be_bytes(out)
+            padded(&a.as_bytes()[..cut])
         });
         let inline = self
             .set

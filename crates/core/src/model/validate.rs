@@ -111,8 +111,7 @@ pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
         }
         Some(_) => return Err(invalid("properties must be a JSON object")),
     }
-    check_section(tags, "tags", MAX_TAGS_SIZE)?;
-    check_section(desired, "properties.desired", MAX_DESIRED_SIZE)?;
+    check_sections(tags, desired)?;
     Ok(ServiceBody { tags, desired })
 }
 
@@ -134,13 +133,10 @@ fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinErro
     }
 }
 
-/// [`check_section`] for the sections of a service body that has them.
-pub(super) fn check_sections(
-    tags: Option<&Map<String, Value>>,
-    desired: Option<&Map<String, Value>>,
-) -> Result<(), TwinError> {
-    check_section(tags.map_or(Section::Absent, Section::Object), "tags", MAX_TAGS_SIZE)?;
-    check_section(desired.map_or(Section::Absent, Section::Object), "properties.desired", MAX_DESIRED_SIZE)
+/// [`check_section`] for the two sections a service body writes, each against its own limit.
+pub(super) fn check_sections(tags: Section<'_>, desired: Section<'_>) -> Result<(), TwinError> {
+    check_section(tags, "tags", MAX_TAGS_SIZE)?;
+    check_section(desired, "properties.desired", MAX_DESIRED_SIZE)
 }
 
 /// Keys, values and depth of a section, and its size. For a patch, the size checked is that of the
