@@ -5,7 +5,8 @@
 //!   cargo bench --bench transport
 //!
 //! Sequential calls on one connection: this is the latency floor under the write path's forwarded
-//! requests and Raft RPCs, not a throughput figure.
+//! requests and Raft RPCs, not a throughput figure. A last phase keeps six calls in flight and
+//! prints the CPU each call and each body costs, one body a call and six.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,9 @@ const SECRET: &[u8] = b"twinhub bench cluster secret";
 const CALLS: usize = 2_000;
 const WARMUP: usize = 100;
 const WAIT: Duration = Duration::from_secs(30);
+/// Bodies sent in the concurrent phase, and how many calls are in flight at once.
+const CONCURRENT_BODIES: usize = 24_000;
+const IN_FLIGHT: usize = 6;
 
 fn transport(id: u64) -> Transport {
     Transport::new(TransportConfig::new(id, ClusterSecret::new(SECRET).expect("secret")))
@@ -82,6 +86,37 @@ async fn main() {
             hist.value_at_quantile(0.5),
             hist.value_at_quantile(0.99),
             hist.max()
+        );
+    }
+    // CPU per call with calls in flight side by side, as a node's Raft groups send to one peer
+    // (about six `AppendEntries` in flight per peer under the compare load), against the same bodies
+    // carried six to a call: what one call per peer for every group's entries could save. Both ends
+    // run in this process, so the CPU is the whole round trip's.
+    let body = Bytes::from(vec![b'x'; 400]);
+    for per_call in [1usize, 6] {
+        let calls = CONCURRENT_BODIES / per_call;
+        let payload = Bytes::from(body.repeat(per_call));
+        let (cpu0, started) = (twinhub::sysmetrics::cpu_seconds().expect("cpu time"), Instant::now());
+        let each = calls / IN_FLIGHT;
+        let callers = (0..IN_FLIGHT).map(|_| {
+            let (client, payload) = (client.clone(), payload.clone());
+            tokio::spawn(async move {
+                for _ in 0..each {
+                    client.call(1, Call::NodeStatus, payload.clone(), None).await.expect("call");
+                }
+            })
+        });
+        for c in futures::future::join_all(callers).await {
+            c.expect("caller");
+        }
+        let cpu = twinhub::sysmetrics::cpu_seconds().expect("cpu time") - cpu0;
+        let bodies = (each * IN_FLIGHT * per_call) as f64;
+        println!(
+            "{IN_FLIGHT} calls in flight, {per_call} {} of 400 B a call: {:.1} µs CPU per body ({:.1} per call), {:.0} bodies/s",
+            if per_call == 1 { "body" } else { "bodies" },
+            cpu * 1e6 / bodies,
+            cpu * 1e6 / (bodies / per_call as f64),
+            bodies / started.elapsed().as_secs_f64()
         );
     }
     let _ = raft.shutdown().await;

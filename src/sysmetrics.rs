@@ -41,7 +41,7 @@ fn resident_bytes() -> Option<u64> {
 
 /// User plus system CPU time: fields 14 and 15 of `/proc/self/stat`, in clock ticks. The command name
 /// (field 2) may hold spaces, so fields are counted after its closing parenthesis.
-fn cpu_seconds() -> Option<f64> {
+pub fn cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
