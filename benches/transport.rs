@@ -94,10 +94,9 @@ async fn main() {
     // run in this process, so the CPU is the whole round trip's.
     let body = Bytes::from(vec![b'x'; 400]);
     for per_call in [1usize, 6] {
-        let calls = CONCURRENT_BODIES / per_call;
         let payload = Bytes::from(body.repeat(per_call));
+        let each = CONCURRENT_BODIES / per_call / IN_FLIGHT;
         let (cpu0, started) = (twinhub::sysmetrics::cpu_seconds().expect("cpu time"), Instant::now());
-        let each = calls / IN_FLIGHT;
         let callers = (0..IN_FLIGHT).map(|_| {
             let (client, payload) = (client.clone(), payload.clone());
             tokio::spawn(async move {
