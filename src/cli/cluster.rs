@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -246,14 +246,9 @@ pub fn run(cmd: ClusterCommand) -> ExitCode {
     }
 }
 
-/// Free loopback ports, all distinct: the listeners are held until every port is chosen.
+/// Free loopback ports for the nodes' listeners (see [`crate::net::free_loopback_ports`]).
 fn free_ports(n: usize) -> Result<Vec<u16>, LauncherError> {
-    let mut held = Vec::new();
-    for _ in 0..n {
-        let l = TcpListener::bind("127.0.0.1:0").map_err(io("choosing a free port"))?;
-        held.push(l);
-    }
-    held.iter().map(|l| l.local_addr().map(|a| a.port()).map_err(io("choosing a free port"))).collect()
+    crate::net::free_loopback_ports(n).map_err(io("choosing a free port"))
 }
 
 fn pid_alive(pid: u32) -> bool {

@@ -9,9 +9,11 @@
 
 pub mod fds;
 pub mod limit;
+pub mod ports;
 
 pub use fds::{raise_nofile_limit, FdBudget};
 pub use limit::{ConnGate, ConnPermit, ListenerLimits, Refusal};
+pub use ports::free_loopback_ports;
 
 use std::time::Duration;
 

@@ -42,16 +42,10 @@ pub fn cpu_of(pids: &[u32]) -> f64 {
     pids.iter().map(|p| cpu_secs(*p)).sum()
 }
 
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// `n` distinct free loopback ports.
+/// `n` distinct free loopback ports for a peer's listeners (below the ephemeral range, so that no
+/// outgoing connection takes one before the peer binds it).
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    // Keep the listeners open until all are chosen so that no port is handed out twice.
-    let ls: Vec<std::net::TcpListener> =
-        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    ls.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    Ok(twinhub::net::free_loopback_ports(n)?)
 }
 
 /// An executable on PATH (or in /usr/sbin, /usr/bin).
