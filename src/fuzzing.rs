@@ -469,6 +469,12 @@ pub fn cluster_wire(data: &[u8]) {
     }
     let _ = wire::decode::<ShardRequest<VoteRequest<TypeConfig>>>(data);
     let _ = wire::decode::<ShardRequest<TransferLeaderRequest<TypeConfig>>>(data);
+    if let Ok(batch) = wire::decode_append_batch(data) {
+        for item in &batch.items {
+            let _ = wire::decode::<ShardRequest<AppendEntriesRequest<TypeConfig>>>(item);
+        }
+        let _ = wire::encode_append_batch(batch.wait_ms, &batch.items);
+    }
     if let Ok((head, rest)) = wire::decode_snapshot(data) {
         let _ = wire::encode_snapshot(&head, rest);
         let _ = crate::model::ShardState::decode_snapshot(rest);
@@ -477,6 +483,7 @@ pub fn cluster_wire(data: &[u8]) {
     let _ = wire::decode::<AppendEntriesResponse<TypeConfig>>(data);
     let _ = wire::decode::<VoteResponse<TypeConfig>>(data);
     let _ = wire::decode::<SnapshotResponse<TypeConfig>>(data);
+    let _ = wire::decode::<Vec<Result<bytes::Bytes, RpcFailure>>>(data);
     // Generic call bodies.
     let _ = postcard::from_bytes::<(TwinId, crate::model::Command)>(data);
     let _ = postcard::from_bytes::<(ShardId, crate::twin::read::ReadOp)>(data);

@@ -735,8 +735,13 @@ mod seeds {
         headers.extend_from_slice(format!("{}\n", NOW_SECS * 1000).as_bytes());
         headers.extend_from_slice(b"q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=\n");
         headers.extend_from_slice(&body);
+        let batch = wire::encode_append_batch(37, &[&append, &body]).expect("encode");
+        let batch_answer: Vec<Result<bytes::Bytes, RpcFailure>> =
+            vec![Ok(bytes::Bytes::from_static(b"\x01\x05")), Err(RpcFailure::Unfinished { waited_ms: 37 })];
         vec![
             ("vote", body.clone()),
+            ("append_batch", batch),
+            ("append_batch_answer", wire::encode(&batch_answer).expect("encode")),
             ("append", append),
             ("failure_unknown_shard", wire::encode(&RpcFailure::UnknownShard(4)).expect("encode")),
             (

@@ -7,7 +7,8 @@
 //!   a shard ([`LocalGroups`]) or to a registered call handler ([`CallHandlers`]).
 //! - [`listen`]: [`serve`] runs it on a bound listener, under the listener's connection gate.
 //! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
-//! - [`wire`]: endpoints (`POST /cluster/v2/raft/{append|vote|prevote|snapshot|transfer-leader}`,
+//! - [`batch`]: every group's AppendEntries to one peer share a call when they queue up.
+//! - [`wire`]: endpoints (`POST /cluster/v2/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
 //!   `POST /cluster/v2/call/{name}`), the protocol version and postcard envelopes.
 //! - [`auth`]: request and response signatures; [`replay`]: the receiver's nonce cache.
 //!
@@ -45,6 +46,7 @@
 //! which Raft tolerates.
 
 pub mod auth;
+pub mod batch;
 pub mod error;
 pub mod failover;
 pub mod listen;
@@ -104,7 +106,7 @@ impl Default for BodyLimits {
 impl BodyLimits {
     pub fn for_endpoint(&self, endpoint: &Endpoint) -> usize {
         match endpoint {
-            Endpoint::Raft(RaftKind::Append) => self.append,
+            Endpoint::Raft(RaftKind::Append | RaftKind::AppendBatch) => self.append,
             Endpoint::Raft(RaftKind::Snapshot) => self.snapshot,
             Endpoint::Raft(_) => self.small,
             Endpoint::Call(_) => self.call,
@@ -140,6 +142,9 @@ pub struct TransportConfig {
     pub h2_max_concurrent_streams: u32,
     /// Largest header list the server accepts: ours are a few hundred bytes.
     pub h2_max_header_list: u32,
+    /// Calls per peer carrying AppendEntries at once; what queues meanwhile leaves together in the
+    /// next (see [`batch`]).
+    pub append_calls_in_flight: usize,
     /// Mutual TLS (the cluster CA and this node's certificate); `None` only with the explicit
     /// plaintext development flag, and in unit tests.
     pub tls: Option<crate::tls::cluster::ClusterTls>,
@@ -162,6 +167,7 @@ impl TransportConfig {
             h2_max_frame: 256 << 10,
             h2_max_concurrent_streams: 1024,
             h2_max_header_list: 16 << 10,
+            append_calls_in_flight: 2,
             tls: None,
         }
     }
@@ -239,7 +245,9 @@ impl Transport {
         rpc: AppendEntriesRequest<TypeConfig>,
         deadline: Duration,
     ) -> Result<AppendEntriesResponse<TypeConfig>, TransportError> {
-        self.raft(target, RaftKind::Append, &ShardRequest { shard, rpc }, deadline).await
+        let body = wire::encode(&ShardRequest { shard, rpc }).map_err(TransportError::Encode)?;
+        let answer = self.append_queued(target, body.into(), deadline).await?;
+        decode_answer(target, &answer)
     }
 
     pub async fn vote(
@@ -348,7 +356,7 @@ impl Transport {
         let uri: Uri = format!("http://{}{}", peer.addr, path).parse().map_err(|e| TransportError::Connect {
             node: target,
             addr: peer.addr.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            source: Arc::new(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)),
         })?;
         let nonce = Nonce::random();
         let envelope = Envelope {
@@ -369,7 +377,7 @@ impl Transport {
             Ok(r) => r,
             Err(source) => {
                 peer.broken(conn.generation);
-                return Err(TransportError::Http { node: target, source });
+                return Err(TransportError::Http { node: target, source: Arc::new(source) });
             }
         };
         let (parts, incoming) = resp.into_parts();
@@ -420,6 +428,11 @@ fn verify_answer(
         Ok(c) => c,
         Err(_) if parts.status == StatusCode::UNAUTHORIZED => {
             return Err(TransportError::Remote { node: target, failure: RpcFailure::Unauthorized })
+        }
+        // Likewise an unsigned 404: an endpoint the node does not have (an older release), which
+        // makes the batch sender fall back to single requests, and a forged one does no more.
+        Err(_) if parts.status == StatusCode::NOT_FOUND => {
+            return Err(TransportError::Remote { node: target, failure: RpcFailure::NotFound })
         }
         Err(e) => return Err(auth(e)),
     };

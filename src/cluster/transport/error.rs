@@ -1,13 +1,15 @@
 //! Errors of the transport client. The shard layer maps them to openraft's three network outcomes in
 //! one place (`shard::network`): the distinction drives openraft's retry policy.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::AuthError;
 use super::wire::RpcFailure;
 use crate::ids::NodeId;
 
-#[derive(Debug, thiserror::Error)]
+/// Cloneable (sources behind `Arc`): one failed batch call is every batched request's failure.
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum TransportError {
     /// No address is known for the node (not in any membership this node has seen).
     #[error("node {0} is not in the peer table")]
@@ -21,7 +23,7 @@ pub enum TransportError {
         node: NodeId,
         addr: String,
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     /// No answer within the deadline. The request may or may not have been processed.
     #[error("no answer from node {node} within {after:?}")]
@@ -31,7 +33,7 @@ pub enum TransportError {
     Http {
         node: NodeId,
         #[source]
-        source: hyper::Error,
+        source: Arc<hyper::Error>,
     },
     /// The peer refused or failed the request.
     #[error("node {node} answered: {failure}")]

@@ -87,6 +87,8 @@ pub(crate) struct Peer {
     pub addr: String,
     /// Held only for short, non-async sections; connecting happens outside it.
     slot: Mutex<Slot>,
+    /// AppendEntries waiting for a call to this peer (see `batch`).
+    pub appends: super::batch::AppendQueue,
 }
 
 /// The outcome of one connect attempt, shared by every request waiting for it.
@@ -114,7 +116,7 @@ pub(crate) struct Conn {
 
 impl Peer {
     fn new(node: NodeId, addr: String) -> Peer {
-        Peer { node, addr, slot: Mutex::new(Slot::default()) }
+        Peer { node, addr, slot: Mutex::new(Slot::default()), appends: Default::default() }
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
@@ -161,11 +163,7 @@ impl Peer {
                 }
             }
         };
-        connecting.await.map_err(|e| TransportError::Connect {
-            node: self.node,
-            addr: self.addr.clone(),
-            source: std::io::Error::new(e.kind(), e.to_string()),
-        })
+        connecting.await.map_err(|e| TransportError::Connect { node: self.node, addr: self.addr.clone(), source: e })
     }
 
     /// One connect attempt, bounded by the connect timeout; records the outcome in the slot.

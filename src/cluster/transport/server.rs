@@ -415,6 +415,11 @@ impl Inner {
                     self.group(req.shard)?.handle_transfer_leader(req.rpc).await.map_err(|e| stopped(req.shard, &e))?;
                 wire::encode(&resp)
             }
+            RaftKind::AppendBatch => {
+                let batch = wire::decode_append_batch(body)
+                    .map_err(|e| RpcFailure::BadRequest(format!("{} body: {e}", kind.name())))?;
+                wire::encode(&self.append_batch(batch).await)
+            }
             RaftKind::Snapshot => {
                 let (head, data) = wire::decode_snapshot(body).map_err(bad)?;
                 let raft = self.group(head.shard)?;
@@ -425,6 +430,51 @@ impl Inner {
             }
         };
         answer.map(Bytes::from).map_err(|e| RpcFailure::Handler(format!("encoding the answer: {e}")))
+    }
+
+    /// Runs a batch's AppendEntries concurrently, each in its shard's group, and answers when all have
+    /// finished or `wait_ms` has passed (see [`wire::AppendBatch`]). A straggler dropped here still
+    /// completes in its group if openraft already has it: only the answer is lost, as on a timeout.
+    async fn append_batch(&self, batch: wire::AppendBatch<'_>) -> Vec<Result<Bytes, RpcFailure>> {
+        use futures::stream::{FuturesUnordered, StreamExt};
+        let mut answers: Vec<Result<Bytes, RpcFailure>> =
+            vec![Err(RpcFailure::Unfinished { waited_ms: batch.wait_ms }); batch.items.len()];
+        let mut running = FuturesUnordered::new();
+        for (i, item) in batch.items.iter().enumerate() {
+            let req: ShardRequest<_> = match wire::decode(item) {
+                Ok(r) => r,
+                Err(e) => {
+                    answers[i] = Err(RpcFailure::BadRequest(format!("append-batch item {i}: {e}")));
+                    continue;
+                }
+            };
+            let group = match self.group(req.shard) {
+                Ok(g) => g,
+                Err(f) => {
+                    answers[i] = Err(f);
+                    continue;
+                }
+            };
+            running.push(async move {
+                let shard = req.shard;
+                let answer = match group.append_entries(req.rpc).await {
+                    Ok(resp) => wire::encode(&resp)
+                        .map(Bytes::from)
+                        .map_err(|e| RpcFailure::Handler(format!("encoding the answer: {e}"))),
+                    Err(e) => Err(RpcFailure::GroupStopped { shard, msg: e.to_string() }),
+                };
+                (i, answer)
+            });
+        }
+        let wait = tokio::time::sleep(std::time::Duration::from_millis(u64::from(batch.wait_ms)));
+        tokio::pin!(wait);
+        while !running.is_empty() {
+            tokio::select! {
+                Some((i, answer)) = running.next() => answers[i] = answer,
+                () = &mut wait => break,
+            }
+        }
+        answers
     }
 
     async fn call(&self, name: &str, from: NodeId, body: Bytes) -> Result<Bytes, RpcFailure> {

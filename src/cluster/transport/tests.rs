@@ -446,6 +446,54 @@ async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
+    let peer = transport(2);
+    let (addr, stop, server) = start_server(&peer).await;
+    let mut config = TransportConfig::new(1, secret(SECRET));
+    config.append_calls_in_flight = 1;
+    let t = Transport::new(config);
+    t.peers().set(2, addr);
+    let heartbeat = |term| openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::impls::Vote::new_committed(term, 1),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    // Forty groups' AppendEntries at once, for shards node 2 does not host: the first leaves alone,
+    // the others queue behind it and share calls, and each learns what became of its own.
+    let sends = (0..40u32).map(|shard| t.append_entries(2, shard, heartbeat(u64::from(shard) + 1), WAIT));
+    let results = futures::future::join_all(sends).await;
+    for (shard, r) in results.iter().enumerate() {
+        match r {
+            Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) => {
+                assert_eq!(*s as usize, shard, "answer of another request")
+            }
+            other => panic!("shard {shard}: {other:?}"),
+        }
+    }
+    let batches = t.peers().get(2).expect("peer").appends.batch_calls();
+    assert!((1..40).contains(&batches), "{batches} batch calls for 40 requests");
+    println!("40 concurrent appends to one peer took {batches} batch call(s) besides the first");
+
+    // A group the peer hosts, in a batch with ones it does not: the hosted one is really appended.
+    let n = TestNode::start(3).await;
+    t.peers().set(3, n.addr.clone());
+    n.raft.initialize(BTreeMap::from([n.member()])).await.expect("initialize");
+    must_agree_on_leader(&[&n], None).await;
+    let sends = (0..8u32).map(|shard| t.append_entries(3, shard, heartbeat(1), WAIT));
+    let results = futures::future::join_all(sends).await;
+    let answer = results[0].as_ref().expect("shard 0 is hosted on node 3");
+    // Node 3 leads in a higher term than the stale heartbeat's: it says so rather than appending.
+    assert!(!answer.is_success(), "{answer:?}");
+    for r in &results[1..] {
+        assert!(matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(_), .. })), "{r:?}");
+    }
+    n.stop().await;
+    stop.cancel();
+    server.await.expect("server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_call_round_trips_bytes_over_one_connection() {
     let server_t = transport(1);
     server_t.handlers().register(ECHO, |from, body: Bytes| async move {
