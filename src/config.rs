@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// can split its cores between them
     #[arg(long)]
     pub worker_threads: Option<usize>,
+    /// Calls per peer that carry Raft AppendEntries at once; what the shard groups queue meanwhile
+    /// shares the next call. 0: every AppendEntries is a call of its own [default: 2]
+    #[arg(long)]
+    pub raft_append_calls_per_peer: Option<usize>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
     /// read in the process list)
     #[arg(long)]
@@ -164,6 +168,7 @@ pub struct FileConfig {
     pub raft_heartbeat_ms: Option<u64>,
     pub follower_reads: Option<bool>,
     pub worker_threads: Option<usize>,
+    pub raft_append_calls_per_peer: Option<usize>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
     pub cluster_ca: Option<PathBuf>,
@@ -219,6 +224,8 @@ pub struct Config {
     pub follower_reads: bool,
     /// Threads of the node's runtime; `None`: one per CPU core.
     pub worker_threads: Option<usize>,
+    /// Calls per peer carrying AppendEntries at once (0: one call per AppendEntries, no sharing).
+    pub raft_append_calls_per_peer: usize,
     /// Connection bounds and timeouts of every listener.
     pub net: crate::net::NetLimits,
     /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
@@ -494,12 +501,19 @@ impl Config {
                 expected: "number of threads (at least 1)",
             });
         }
+        let raft_append_calls_per_peer = count(
+            args.raft_append_calls_per_peer,
+            "TWINHUB_RAFT_APPEND_CALLS_PER_PEER",
+            file.raft_append_calls_per_peer,
+        )?
+        .unwrap_or(2);
         Ok(Config {
             node_id,
             cluster,
             raft_heartbeat_ms,
             follower_reads,
             worker_threads,
+            raft_append_calls_per_peer,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
@@ -658,6 +672,26 @@ mod tests {
         assert_eq!(c.worker_threads, Some(2));
         let e = Config::resolve(ServeArgs { worker_threads: Some(0), ..Default::default() }, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("worker-threads"), "{e}");
+    }
+
+    /// Append calls per peer: 2 unless the flag, the variable or the file says otherwise; 0 (one call
+    /// per AppendEntries) is a valid choice.
+    #[test]
+    fn raft_append_calls_per_peer_come_from_flag_variable_or_file() {
+        let c = Config::resolve(ServeArgs::default(), env_of(&[])).unwrap();
+        assert_eq!(c.raft_append_calls_per_peer, 2);
+        let var = [("TWINHUB_RAFT_APPEND_CALLS_PER_PEER", "0")];
+        assert_eq!(Config::resolve(ServeArgs::default(), env_of(&var)).unwrap().raft_append_calls_per_peer, 0);
+        let args = ServeArgs { raft_append_calls_per_peer: Some(4), ..Default::default() };
+        assert_eq!(Config::resolve(args, env_of(&var)).unwrap().raft_append_calls_per_peer, 4);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "raft_append_calls_per_peer = 1\n").unwrap();
+        let c = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap();
+        assert_eq!(c.raft_append_calls_per_peer, 1);
+        let e = Config::resolve(ServeArgs::default(), env_of(&[("TWINHUB_RAFT_APPEND_CALLS_PER_PEER", "two")]))
+            .unwrap_err();
+        assert!(e.to_string().contains("TWINHUB_RAFT_APPEND_CALLS_PER_PEER"), "{e}");
     }
 
     #[test]

@@ -119,6 +119,7 @@ impl Node {
             Some(c) => {
                 let secret = ClusterSecret::new(c.secret.as_bytes()).map_err(|_| NodeError::ClusterSecret)?;
                 let mut transport_config = TransportConfig::new(config.node_id, secret);
+                transport_config.append_calls_in_flight = config.raft_append_calls_per_peer;
                 transport_config.tls = match &c.tls {
                     Some(files) => Some(crate::tls::cluster::ClusterTls::load(files, config.node_id)?),
                     None => {

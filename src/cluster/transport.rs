@@ -143,7 +143,7 @@ pub struct TransportConfig {
     /// Largest header list the server accepts: ours are a few hundred bytes.
     pub h2_max_header_list: u32,
     /// Calls per peer carrying AppendEntries at once; what queues meanwhile leaves together in the
-    /// next (see [`batch`]).
+    /// next (see [`batch`]). 0: every AppendEntries is a call of its own.
     pub append_calls_in_flight: usize,
     /// Mutual TLS (the cluster CA and this node's certificate); `None` only with the explicit
     /// plaintext development flag, and in unit tests.

@@ -14,6 +14,9 @@
 //! receiver bounds it the same way, answering a batch after half its deadline at most with the
 //! stragglers marked unfinished (see [`wire::AppendBatch`]).
 //!
+//! With no slots configured (`raft_append_calls_per_peer = 0`) every AppendEntries is a call of its
+//! own, as before batching existed.
+//!
 //! A peer of an older release has no batch endpoint: it answers 404, and the requests go one by one
 //! to it for a while ([`RETRY_BATCHES_AFTER`]) before batches are tried again.
 
@@ -135,10 +138,14 @@ impl Transport {
     /// Sends an encoded AppendEntries (`ShardRequest`) to `target` through its queue; the encoded
     /// answer.
     pub(super) async fn append_queued(&self, target: NodeId, body: Bytes, deadline: Duration) -> Answer {
+        let slots = self.inner.config.append_calls_in_flight;
+        if slots == 0 {
+            return self.send(target, &Endpoint::Raft(RaftKind::Append), body, deadline).await;
+        }
         let peer = self.inner.peers.get(target).ok_or(TransportError::UnknownPeer(target))?;
         let (reply, answer) = oneshot::channel();
         let item = Queued { body, deadline: Instant::now() + deadline, reply };
-        if peer.appends.push(item, self.inner.config.append_calls_in_flight.max(1)) {
+        if peer.appends.push(item, slots) {
             tokio::spawn(self.clone().send_queued(target, peer));
         }
         match tokio::time::timeout(deadline, answer).await {

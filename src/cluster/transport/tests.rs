@@ -475,6 +475,20 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
     assert!((1..40).contains(&batches), "{batches} batch calls for 40 requests");
     println!("40 concurrent appends to one peer took {batches} batch call(s) besides the first");
 
+    // With no slots configured, every request is a call of its own, and answered as well.
+    let mut config = TransportConfig::new(4, secret(SECRET));
+    config.append_calls_in_flight = 0;
+    let unbatched = Transport::new(config);
+    unbatched.peers().set(2, t.peers().addr(2).expect("addr"));
+    let sends = (0..10u32).map(|shard| unbatched.append_entries(2, shard, heartbeat(1), WAIT));
+    for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
+        assert!(
+            matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
+            "{r:?}"
+        );
+    }
+    assert_eq!(unbatched.peers().get(2).expect("peer").appends.batch_calls(), 0);
+
     // A group the peer hosts, in a batch with ones it does not: the hosted one is really appended.
     let n = TestNode::start(3).await;
     t.peers().set(3, n.addr.clone());
