@@ -1,14 +1,15 @@
 #!/bin/bash
-# Labels: a* = before (420ab77), b* = after; s1/s2/s4 = after with 1, 2 or 4 calls per peer (a scratch build that read the count from TWINHUB_APPEND_SLOTS).
-# The client is the after build's twinhub-bench; /tmp/hN are the release builds being compared.
+# Labels: a* = before (420ab77), b* = after (7c4ec14); off*/on* = one build with raft_append_calls_per_peer 0 / 2.
+# s1/s2/s4 in fixed-rate-2.txt: a scratch build meant to read the count from an environment variable, which
+# `twinhub cluster up` does not pass to its nodes: all three ran the default (2). /tmp/hN: the builds compared.
 # usage: abrate.sh OUT RATE label:bindir ...  fixed-rate patches; server CPU ms/op over 12 s of steady load
 out=$1; rate=$2; shift 2; mkdir -p $out
 cpu() { local t=0; for p in $(python3 -c "import json;print(' '.join(str(n['pid']) for n in json.load(open('$1'))['nodes']))"); do
   set -- $(cut -d' ' -f14,15 /proc/$p/stat); t=$((t+$1+$2)); done; echo $t; }
 for spec in "$@"; do
-  IFS=: read label dir slots <<< "$spec"; export TWINHUB_APPEND_SLOTS=${slots:-2}
+  IFS=: read label dir slots <<< "$spec"; export TWINHUB_RAFT_APPEND_CALLS_PER_PEER=${slots:-2}
   d=/tmp/abrate-cl; rm -rf $d
-  timeout 200 $dir/twinhub cluster up --nodes 3 --shard-count 16 --dir $d --bin $dir/twinhub > /dev/null 2>&1
+  timeout 200 $dir/twinhub cluster up --nodes 3 --shard-count 16 --dir $d --bin $dir/twinhub ${slots:+--node-option raft_append_calls_per_peer=$slots} > /dev/null 2>&1
   timeout 200 /tmp/h2/twinhub-bench run --cluster $d/cluster.json --devices 0 --twins 10000 --rate $rate --mix patch=100 --concurrency 64 --duration 24 --out $out/$label.json > $out/$label.txt 2>&1 &
   bp=$!
   # wait until the load has started (populate done): the progress lines appear
