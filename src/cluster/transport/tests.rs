@@ -507,6 +507,75 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
     server.await.expect("server");
 }
 
+/// A node of an older release: the real service for every endpoint but `append-batch`, which it does
+/// not have (an unsigned 404, as the real service answers any unknown path).
+async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let service = t.service();
+    let server = tokio::spawn(async move {
+        while let Ok((io, _)) = listener.accept().await {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let conn_service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let service = service.clone();
+                    async move {
+                        if req.uri().path().ends_with("/append-batch") {
+                            let mut resp = hyper::Response::new(Full::new(Bytes::from(
+                                wire::encode(&RpcFailure::NotFound).expect("encode"),
+                            )));
+                            *resp.status_mut() = StatusCode::NOT_FOUND;
+                            resp.headers_mut().insert(wire::HEADER_PROTO, wire::PROTOCOL_VERSION.into());
+                            return Ok::<_, std::convert::Infallible>(resp);
+                        }
+                        Ok(service.handle(req, None, |_| {}).await)
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(io), conn_service)
+                    .await;
+            });
+        }
+    });
+    (addr, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_a_peer_without_the_batch_endpoint_gets_every_append_one_by_one() {
+    let old = transport(2);
+    let (addr, server) = start_server_without_batches(&old).await;
+    let mut config = TransportConfig::new(1, secret(SECRET));
+    config.append_calls_in_flight = 1;
+    let t = Transport::new(config);
+    t.peers().set(2, addr);
+    let heartbeat = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::impls::Vote::new_committed(1, 1),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    // The first batches are refused; their requests, and every later one, go one by one and are
+    // answered by the node itself (none of these shards is hosted there).
+    let batches = || t.peers().get(2).expect("peer").appends.batch_calls();
+    let mut tried = 0;
+    for round in 0..3 {
+        let sends = (0..20u32).map(|shard| t.append_entries(2, shard, heartbeat(), WAIT));
+        for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
+            assert!(
+                matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
+                "round {round}, shard {shard}: {r:?}"
+            );
+        }
+        if round == 0 {
+            // Those out before the first refusal came back (a slow first connect frees slots).
+            tried = batches();
+            assert!(tried >= 1, "twenty concurrent appends with one call slot made no batch");
+        }
+    }
+    assert_eq!(batches(), tried, "batches tried again after the node said it has no such endpoint");
+    server.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_call_round_trips_bytes_over_one_connection() {
     let server_t = transport(1);
