@@ -12,10 +12,7 @@ const FLOOR: u16 = 10_000;
 /// machine may take it as its source port (a busy test run or a host full of clients does so often).
 /// Below the range a port is only taken by someone who binds it on purpose.
 pub fn free_loopback_ports(n: usize) -> std::io::Result<Vec<u16>> {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()))
-        .unwrap_or(32_768);
+    let low = ephemeral_low().unwrap_or(32_768);
     let mut held = Vec::with_capacity(n);
     if low > FLOOR + 1_000 {
         let span = low - FLOOR;
@@ -36,6 +33,12 @@ pub fn free_loopback_ports(n: usize) -> std::io::Result<Vec<u16>> {
     held.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
 }
 
+/// Where the kernel's ephemeral port range starts (Linux).
+fn ephemeral_low() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,10 +51,7 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), 40, "distinct: {ports:?}");
-        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse::<u16>().ok()));
-        if let Some(low) = low.filter(|l| *l > FLOOR + 1_000) {
+        if let Some(low) = ephemeral_low().filter(|l| *l > FLOOR + 1_000) {
             assert!(ports.iter().all(|p| (FLOOR..low).contains(p)), "{ports:?} not in {FLOOR}..{low}");
         }
         // Released: each can be bound again by the process that will use it.

@@ -179,8 +179,7 @@ impl Transport {
     /// every request in it.
     async fn send_batch(&self, target: NodeId, peer: &Peer, batch: Vec<Queued>, singles: bool) {
         if batch.len() == 1 || singles {
-            futures::future::join_all(batch.into_iter().map(|q| self.send_single(target, q))).await;
-            return;
+            return self.send_singles(target, batch).await;
         }
         let now = Instant::now();
         let deadline = batch.iter().map(|q| q.deadline).min().unwrap_or(now).saturating_duration_since(now);
@@ -206,8 +205,7 @@ impl Transport {
             Err(TransportError::Remote { failure: RpcFailure::NotFound, .. }) => {
                 tracing::info!(node = target, "peer has no batch endpoint (an older release): sending one by one");
                 peer.appends.singles_for_a_while();
-                futures::future::join_all(batch.into_iter().map(|q| self.send_single(target, q))).await;
-                return;
+                return self.send_singles(target, batch).await;
             }
             Err(e) => return answer_all(batch, &e),
         };
@@ -220,10 +218,14 @@ impl Transport {
         }
     }
 
-    async fn send_single(&self, target: NodeId, q: Queued) {
-        let deadline = q.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        let answer = self.send(target, &Endpoint::Raft(RaftKind::Append), q.body, deadline).await;
-        let _ = q.reply.send(answer);
+    /// Each request of `batch` as a call of its own, all at once.
+    async fn send_singles(&self, target: NodeId, batch: Vec<Queued>) {
+        futures::future::join_all(batch.into_iter().map(|q| async move {
+            let deadline = q.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let answer = self.send(target, &Endpoint::Raft(RaftKind::Append), q.body, deadline).await;
+            let _ = q.reply.send(answer);
+        }))
+        .await;
     }
 }
 

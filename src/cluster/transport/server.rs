@@ -392,11 +392,7 @@ impl Inner {
         let stopped =
             |shard: ShardId, e: &dyn std::fmt::Display| RpcFailure::GroupStopped { shard, msg: e.to_string() };
         let answer = match kind {
-            RaftKind::Append => {
-                let req: ShardRequest<_> = wire::decode(body).map_err(bad)?;
-                let resp = self.group(req.shard)?.append_entries(req.rpc).await.map_err(|e| stopped(req.shard, &e))?;
-                wire::encode(&resp)
-            }
+            RaftKind::Append => return self.append_one(body, None).await,
             RaftKind::Vote => {
                 let mut req: ShardRequest<_> = wire::decode(body).map_err(bad)?;
                 let group = self.group(req.shard)?;
@@ -441,30 +437,7 @@ impl Inner {
             vec![Err(RpcFailure::Unfinished { waited_ms: batch.wait_ms }); batch.items.len()];
         let mut running = FuturesUnordered::new();
         for (i, item) in batch.items.iter().enumerate() {
-            let req: ShardRequest<_> = match wire::decode(item) {
-                Ok(r) => r,
-                Err(e) => {
-                    answers[i] = Err(RpcFailure::BadRequest(format!("append-batch item {i}: {e}")));
-                    continue;
-                }
-            };
-            let group = match self.group(req.shard) {
-                Ok(g) => g,
-                Err(f) => {
-                    answers[i] = Err(f);
-                    continue;
-                }
-            };
-            running.push(async move {
-                let shard = req.shard;
-                let answer = match group.append_entries(req.rpc).await {
-                    Ok(resp) => wire::encode(&resp)
-                        .map(Bytes::from)
-                        .map_err(|e| RpcFailure::Handler(format!("encoding the answer: {e}"))),
-                    Err(e) => Err(RpcFailure::GroupStopped { shard, msg: e.to_string() }),
-                };
-                (i, answer)
-            });
+            running.push(async move { (i, self.append_one(item, Some(i)).await) });
         }
         let wait = tokio::time::sleep(std::time::Duration::from_millis(u64::from(batch.wait_ms)));
         tokio::pin!(wait);
@@ -475,6 +448,23 @@ impl Inner {
             }
         }
         answers
+    }
+
+    /// One group's AppendEntries (an encoded `ShardRequest`), alone or as item `item` of a batch.
+    async fn append_one(&self, body: &[u8], item: Option<usize>) -> Result<Bytes, RpcFailure> {
+        let req: ShardRequest<_> = wire::decode(body).map_err(|e| {
+            RpcFailure::BadRequest(match item {
+                None => format!("append body: {e}"),
+                Some(i) => format!("append-batch item {i}: {e}"),
+            })
+        })?;
+        let shard = req.shard;
+        let resp = self
+            .group(shard)?
+            .append_entries(req.rpc)
+            .await
+            .map_err(|e| RpcFailure::GroupStopped { shard, msg: e.to_string() })?;
+        wire::encode(&resp).map(Bytes::from).map_err(|e| RpcFailure::Handler(format!("encoding the answer: {e}")))
     }
 
     async fn call(&self, name: &str, from: NodeId, body: Bytes) -> Result<Bytes, RpcFailure> {
