@@ -245,10 +245,19 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
 // Twin JSON
 
 /// A twin body as the HTTPS API and MQTT receive it: parsed as JSON and validated as a service
-/// PATCH, a service PUT and a device's reported patch.
+/// PATCH, a service PUT and a device's reported patch. The text is also checked as a bulk entry's
+/// section is, straight from the text: that check may never accept what the parsed check refuses.
 pub fn twin_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(v) = crate::model::validate::parse_json(text) else { return };
+    let text_ok = crate::model::validate_twin_section_texts(Some(text), None).is_ok();
+    let Ok(v) = crate::model::validate::parse_json(text) else {
+        assert!(!text_ok, "the text check accepted what does not parse");
+        return;
+    };
+    if text_ok {
+        let tree = crate::model::validate_twin_patch(&json!({ "tags": v }));
+        assert!(tree.is_ok(), "the text check accepted tags the parsed check refuses: {tree:?}");
+    }
     let _ = crate::model::validate_twin_patch(&v);
     let _ = crate::model::validate_twin_replace(&v);
     let _ = crate::model::validate_reported_patch(&v);

@@ -98,6 +98,40 @@ async fn bulk_calls_apply_each_entry_on_its_own() {
     let t9 = api.must_get_twin("bulk-009").await;
     assert_eq!(t9["tags"]["n"], 9, "the refused twin entry changed nothing");
 
+    // Twin sections are checked where they lie in the body: each bad one fails its entry alone, with
+    // an error naming what is wrong, and a body laid out with whitespace reads as a compact one.
+    let sections = r#"[
+        {"id": "sec-ok", "importMode": "create",
+         "tags": { "site" : "north", "floor": 3, "list": [1, null, {"k": "v"}] },
+         "properties": { "desired": { "fw": { "v": "2.0", "gone": null } } } },
+        {"id": "sec-not-object", "importMode": "create", "tags": 5},
+        {"id": "sec-desired-list", "importMode": "create", "properties": {"desired": [1, 2]}},
+        {"id": "sec-dot-key", "importMode": "create", "tags": {"a": {"b.c": 1}}},
+        {"id": "sec-deep", "importMode": "create",
+         "tags": {"l1":{"l2":{"l3":{"l4":{"l5":{"l6":{"l7":{"l8":{"l9":{"l10":{"l11":{"l12":1}}}}}}}}}}}}},
+        {"id": "sec-big-int", "importMode": "create", "properties": {"desired": {"n": 4503599627370496}}},
+        {"id": "sec-delete-with-tags", "importMode": "delete", "tags": {"x": 1}},
+        7
+    ]"#;
+    let r = api.send_raw("POST", "/devices", Some(sections.as_bytes().to_vec()), &[]).await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    let errors = errors_of(&r);
+    let status_of = |id: &str| error_for(&errors, id)["errorStatus"].as_str().unwrap_or("").to_string();
+    assert!(status_of("sec-not-object").contains("tags must be a JSON object, got 5"), "{errors:?}");
+    assert!(status_of("sec-desired-list").contains("properties.desired must be a JSON object"), "{errors:?}");
+    assert!(status_of("sec-dot-key").contains("tags.a"), "{errors:?}");
+    assert!(status_of("sec-deep").contains("levels deep"), "{errors:?}");
+    assert!(status_of("sec-big-int").contains("properties.desired.n"), "{errors:?}");
+    assert!(status_of("sec-delete-with-tags").contains("takes no twin sections"), "{errors:?}");
+    assert!(status_of("").contains("must be a JSON object"), "the entry 7: {errors:?}");
+    assert_eq!(errors.len(), 7, "{errors:?}");
+    for id in ["sec-not-object", "sec-desired-list", "sec-dot-key", "sec-deep", "sec-big-int"] {
+        assert_eq!(api.send("GET", &format!("/devices/{id}"), None, &[]).await.status, 404, "{id} was created");
+    }
+    let t = api.must_get_twin("sec-ok").await;
+    assert_eq!(t["tags"], json!({"site": "north", "floor": 3, "list": [1, null, {"k": "v"}]}));
+    assert_eq!(t["properties"]["desired"]["fw"], json!({"v": "2.0"}), "a null member is a removal");
+
     // The matching etag works; update without etag overwrites regardless.
     let etag1 = api.must_get("/devices/bulk-001").await["etag"].as_str().expect("etag").to_string();
     let etag8 = api.must_get("/devices/bulk-008").await["etag"].clone();

@@ -645,6 +645,10 @@ mod seeds {
                 "put_module",
                 "PUT /devices/d1/modules/m1?api-version=2021-04-12\nauthorization: $iothubowner\nif-match: \"AAAAAAAAAAI=\"\n\n{\"deviceId\":\"d1\",\"moduleId\":\"m1\",\"authentication\":{\"type\":\"sas\",\"symmetricKey\":{\"primaryKey\":\"c2VjcmV0LWtleS1mb3ItdGVzdHMtMDEyMzQ1Njc4OQ==\",\"secondaryKey\":\"c2VjcmV0LWtleS1mb3ItdGVzdHMtMDEyMzQ1Njc4OQ==\"}}}".into(),
             ),
+            (
+                "bulk",
+                "POST /devices?api-version=2021-04-12\nauthorization: $registryReadWrite\n\n[{\"id\":\"b1\",\"importMode\":\"create\",\"status\":\"enabled\",\"authentication\":{\"type\":\"sas\",\"symmetricKey\":{}},\"tags\":{\"building\":43,\"battery\":[1,null,{\"k\":\"v\"}]},\"properties\":{\"desired\":{\"fw\":{\"v\":\"2.0\",\"n\":1.5e3}}}},{\"id\":\"b2\",\"moduleId\":\"m\",\"importMode\":\"updateTwinIfMatchETag\",\"twinETag\":\"*\",\"tags\":{\"a\":null}},{\"id\":\"b3\",\"importMode\":\"delete\"}]".into(),
+            ),
             ("delete_device", "DELETE /devices/d1?api-version=2021-04-12\nauthorization: $iothubowner\nif-match: *\n\n".into()),
             ("list_devices", "GET /devices?top=10&api-version=2021-04-12\nauthorization: $registryRead\n\n".into()),
             (

@@ -9,6 +9,13 @@ use super::{ApiError, BODY_LIMIT};
 
 /// Parses a JSON body. An empty body is an error naming what was expected.
 pub fn json(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Value, ApiError> {
+    let bytes = bytes(body, what)?;
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+}
+
+/// The bytes of a body that should hold a `what` JSON document: an error if it could not be read, was
+/// too large or is empty.
+pub fn bytes(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Bytes, ApiError> {
     let bytes = body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::TooLarge(BODY_LIMIT)
@@ -19,5 +26,5 @@ pub fn json(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Value, Ap
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::BadRequest(format!("the request body is empty; expected a {what} JSON object")));
     }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+    Ok(bytes)
 }

@@ -5,6 +5,9 @@
 //! Entries are validated here first; a malformed entry fails alone. The valid ones are grouped by
 //! shard and each group goes through Raft as one command (see `model::bulk`), all shards at once; the
 //! groups of the shards another node leads travel to it in one call ([`crate::twin::Twins::write_many`]).
+//!
+//! An entry's twin sections are checked where they lie in the body and passed on as their text: no
+//! JSON tree is built for them here (every replica parses them when it applies the entry).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +16,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::registry::{device_spec, module_spec};
@@ -20,7 +25,7 @@ use super::{body, json_response, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;
 use crate::model::bulk::{BulkEntry, Identity, ImportMode};
-use crate::model::{now_ms, validate_id, validate_twin_sections, Command, Op, Reply};
+use crate::model::{now_ms, validate_id, validate_twin_section_texts, Command, Op, Reply};
 
 /// Entries one call may carry, as IoT Hub allows.
 pub const MAX_ENTRIES: usize = 100;
@@ -37,15 +42,78 @@ fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Api
     }
 }
 
-/// A section's JSON text, as the command carries it.
-fn section_text(section: &Map<String, Value>) -> Result<String, ApiError> {
-    serde_json::to_string(section).map_err(|e| ApiError::Internal(format!("rendering a twin section: {e}")))
+/// One `ExportImportDevice` as read from the body: the twin sections as their text, every other
+/// member (identity, mode, etags: small) parsed.
+struct EntryDoc<'a> {
+    /// Always an object.
+    fields: Value,
+    tags: Option<&'a RawValue>,
+    properties: Option<&'a RawValue>,
+}
+
+impl<'de> Deserialize<'de> for EntryDoc<'de> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Entry;
+        impl<'de> Visitor<'de> for Entry {
+            type Value = EntryDoc<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an ExportImportDevice object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EntryDoc<'de>, A::Error> {
+                let (mut fields, mut tags, mut properties) = (Map::new(), None, None);
+                // A member given twice: the last one counts, as in a parsed object.
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "tags" => tags = Some(map.next_value()?),
+                        "properties" => properties = Some(map.next_value()?),
+                        _ => {
+                            fields.insert(key, map.next_value()?);
+                        }
+                    }
+                }
+                Ok(EntryDoc { fields: Value::Object(fields), tags, properties })
+            }
+        }
+        de.deserialize_map(Entry)
+    }
+}
+
+/// `properties` of an entry: only `desired` is written.
+#[derive(serde::Deserialize)]
+struct Properties<'a> {
+    #[serde(borrow, default)]
+    desired: Option<&'a RawValue>,
+}
+
+/// A section's JSON text: `None` when absent or `null`; an error naming `path` when not an object.
+fn section<'a>(raw: Option<&'a RawValue>, path: &str) -> Result<Option<&'a str>, ApiError> {
+    let Some(text) = raw.map(RawValue::get) else { return Ok(None) };
+    match text.as_bytes().first() {
+        Some(b'{') => Ok(Some(text)),
+        _ if text == "null" => Ok(None),
+        _ => {
+            let shown: String = text.chars().take(64).collect();
+            let more = if shown.len() < text.len() { "…" } else { "" };
+            Err(bad(format!("{path} must be a JSON object, got {shown}{more}")))
+        }
+    }
+}
+
+/// The `properties.desired` text of an entry (`None` when `properties` is not an object).
+fn desired_section<'a>(properties: Option<&'a RawValue>) -> Result<Option<&'a str>, ApiError> {
+    let Some(p) = properties.filter(|p| p.get().starts_with('{')) else { return Ok(None) };
+    let props: Properties<'a> =
+        serde_json::from_str(p.get()).map_err(|e| bad(format!("properties of the entry: {e}")))?;
+    section(props.desired, "properties.desired")
 }
 
 /// One `ExportImportDevice` → a validated entry. Identity bodies go through the same parsing as
 /// `PUT /devices/{id}` (keys generated where absent), twin sections through the twin patch checks.
-fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
-    let obj = v.as_object().ok_or_else(|| bad("each entry must be a JSON object".into()))?;
+fn parse_entry(entry: &EntryDoc<'_>) -> Result<BulkEntry, ApiError> {
+    let empty = Map::new();
+    let obj = entry.fields.as_object().unwrap_or(&empty);
     let device =
         opt_string(obj, "id")?.filter(|s| !s.is_empty()).ok_or_else(|| bad("id (the device id) is required".into()))?;
     validate_id("device", &device)?;
@@ -61,26 +129,18 @@ fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
     })?;
     let identity = match mode {
         ImportMode::Create | ImportMode::Update | ImportMode::UpdateIfMatchETag => Some(match &module {
-            None => Identity::Device(device_spec(&device, v)?),
-            Some(m) => Identity::Module(module_spec(&device, m, v)?),
+            None => Identity::Device(device_spec(&device, &entry.fields)?),
+            Some(m) => Identity::Module(module_spec(&device, m, &entry.fields)?),
         }),
         _ => None,
     };
-    let tags = match obj.get("tags") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(t)) => Some(t),
-        Some(other) => return Err(bad(format!("tags must be a JSON object, got {other}"))),
-    };
-    let desired = match obj.get("properties").and_then(|p| p.get("desired")) {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(d)) => Some(d),
-        Some(other) => return Err(bad(format!("properties.desired must be a JSON object, got {other}"))),
-    };
+    let tags = section(entry.tags, "tags")?;
+    let desired = desired_section(entry.properties)?;
     if matches!(mode, ImportMode::Delete | ImportMode::DeleteIfMatchETag) && (tags.is_some() || desired.is_some()) {
         return Err(bad(format!("importMode {} takes no twin sections", mode.as_str())));
     }
     // The same limits as a twin PATCH (key names, depth, sizes), before anything is proposed.
-    validate_twin_sections(tags, desired)?;
+    validate_twin_section_texts(tags, desired)?;
     Ok(BulkEntry {
         id: match module {
             Some(m) => TwinId::module(device, m),
@@ -90,8 +150,8 @@ fn parse_entry(v: &Value) -> Result<BulkEntry, ApiError> {
         identity,
         etag: opt_string(obj, "eTag")?,
         twin_etag: opt_string(obj, "twinETag")?,
-        tags_json: tags.map(section_text).transpose()?,
-        desired_json: desired.map(section_text).transpose()?,
+        tags_json: tags.map(str::to_owned),
+        desired_json: desired.map(str::to_owned),
     })
 }
 
@@ -109,11 +169,22 @@ fn error_row(id: &TwinId, mode: Option<ImportMode>, e: &ApiError) -> Value {
 }
 
 /// The identity an unparsable entry names, as far as it can be read (for its error row).
-fn named_id(v: &Value) -> TwinId {
+fn named_id(raw: &RawValue) -> TwinId {
+    let v: Value = serde_json::from_str(raw.get()).unwrap_or_default();
     let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
     match s("moduleId") {
         Some(m) => TwinId::module(s("id").unwrap_or_default(), m),
         None => TwinId::device(s("id").unwrap_or_default()),
+    }
+}
+
+/// The entries of the body, each as its JSON text.
+fn entries(bytes: &[u8]) -> Result<Vec<&RawValue>, ApiError> {
+    let not_array = || bad("the body must be a JSON array of ExportImportDevice entries".into());
+    match serde_json::from_slice::<&RawValue>(bytes) {
+        Err(e) => Err(bad(format!("malformed JSON body: {e}"))),
+        Ok(doc) if !doc.get().starts_with('[') => Err(not_array()),
+        Ok(doc) => serde_json::from_str(doc.get()).map_err(|_| not_array()),
     }
 }
 
@@ -123,9 +194,8 @@ pub async fn bulk(
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, "devices", Permission::RegistryWrite)?;
-    let doc = body::json(raw, "ExportImportDevice array")?;
-    let items =
-        doc.as_array().ok_or_else(|| bad("the body must be a JSON array of ExportImportDevice entries".into()))?;
+    let bytes = body::bytes(raw, "ExportImportDevice array")?;
+    let items = entries(&bytes)?;
     if items.is_empty() || items.len() > MAX_ENTRIES {
         return Err(bad(format!("a bulk call takes 1 to {MAX_ENTRIES} entries, got {}", items.len())));
     }
@@ -134,7 +204,9 @@ pub async fn bulk(
     let mut seen = std::collections::HashSet::new();
     let mut by_shard: BTreeMap<u32, Vec<(usize, BulkEntry)>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
-        match parse_entry(item) {
+        let doc =
+            serde_json::from_str::<EntryDoc>(item.get()).map_err(|_| bad("each entry must be a JSON object".into()));
+        match doc.and_then(|d| parse_entry(&d)) {
             Ok(entry) => {
                 if !seen.insert(entry.id.clone()) {
                     let msg = format!("{} appears more than once in the call", entry.id);

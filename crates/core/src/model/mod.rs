@@ -25,6 +25,7 @@ mod snapshot;
 pub mod tag_index;
 pub mod time;
 pub mod validate;
+mod validate_text;
 
 #[cfg(test)]
 mod tests;
@@ -431,15 +432,17 @@ pub fn validate_twin_patch(body: &Value) -> Result<(), TwinError> {
     validate::service_body(body).map(|_| ())
 }
 
-/// Validates the sections a bulk registry entry writes (`tags`, `properties.desired`), by the same
-/// rules as a twin PATCH carrying them, without building that PATCH.
-pub fn validate_twin_sections(
-    tags: Option<&serde_json::Map<String, Value>>,
-    desired: Option<&serde_json::Map<String, Value>>,
-) -> Result<(), TwinError> {
-    let tags = tags.map_or(validate::Section::Absent, validate::Section::Object);
-    let desired = desired.map_or(validate::Section::Absent, validate::Section::Object);
-    validate::check_sections(tags, desired)
+/// Validates the sections a bulk registry entry writes (`tags`, `properties.desired`), given as their
+/// JSON text, by the same rules as a twin PATCH carrying them, without building that PATCH or their
+/// trees (see `validate_text`).
+pub fn validate_twin_section_texts(tags: Option<&str>, desired: Option<&str>) -> Result<(), TwinError> {
+    if let Some(t) = tags {
+        validate_text::check_section_text(t, "tags", validate::MAX_TAGS_SIZE)?;
+    }
+    if let Some(d) = desired {
+        validate_text::check_section_text(d, "properties.desired", validate::MAX_DESIRED_SIZE)?;
+    }
+    Ok(())
 }
 
 /// Validates a service twin PUT body (replace tags and desired).

@@ -162,7 +162,7 @@ pub fn check_size(path: &str, size: usize, limit: usize) -> Result<(), TwinError
 /// Where in a document a check is, spelled out only when a check fails: every member of every write
 /// passes through here, and most writes are valid.
 #[derive(Clone, Copy)]
-enum Path<'a> {
+pub(super) enum Path<'a> {
     Root(&'a str),
     Member(&'a Path<'a>, &'a str),
     Index(&'a Path<'a>, usize),
@@ -186,7 +186,7 @@ fn check_members(m: &Map<String, Value>, path: Path<'_>, level: usize) -> Result
     Ok(())
 }
 
-fn check_key(path: Path<'_>, key: &str) -> Result<(), TwinError> {
+pub(super) fn check_key(path: Path<'_>, key: &str) -> Result<(), TwinError> {
     if key.is_empty() {
         return Err(invalid(&format!("empty key in {path}")));
     }
@@ -222,7 +222,7 @@ fn check_value(v: &Value, path: Path<'_>, level: usize) -> Result<(), TwinError>
     }
 }
 
-fn check_level(path: Path<'_>, level: usize) -> Result<(), TwinError> {
+pub(super) fn check_level(path: Path<'_>, level: usize) -> Result<(), TwinError> {
     if level > MAX_DEPTH {
         return Err(invalid(&format!("{path} is nested {level} levels deep, over the maximum depth of {MAX_DEPTH}")));
     }
@@ -231,10 +231,14 @@ fn check_level(path: Path<'_>, level: usize) -> Result<(), TwinError> {
 
 fn check_number(n: &Number, path: Path<'_>) -> Result<(), TwinError> {
     // Numbers keep their JSON text (serde_json's `arbitrary_precision`), so it is read, not rendered.
-    let text = n.as_str();
+    check_number_text(n.as_str(), path)
+}
+
+/// [`check_number`] of a number's JSON text.
+pub(super) fn check_number_text(text: &str, path: Path<'_>) -> Result<(), TwinError> {
     if text.contains(['.', 'e', 'E']) {
-        return match n.as_f64() {
-            Some(f) if f.is_finite() => Ok(()),
+        return match text.parse::<f64>() {
+            Ok(f) if f.is_finite() => Ok(()),
             _ => Err(invalid(&format!("number at {path} is out of range"))),
         };
     }
