@@ -14,8 +14,8 @@ use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
 use super::validate::{
-    check_size, parse_json, reported_body, service_body, validate_id, Section, MAX_DESIRED_SIZE, MAX_REPORTED_SIZE,
-    MAX_TAGS_SIZE,
+    check_size, parse_json, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
+    MAX_REPORTED_SIZE, MAX_TAGS_SIZE,
 };
 use super::{Event, Reply, ShardState, MAX_MODULES_PER_DEVICE};
 use crate::ids::TwinId;
@@ -23,7 +23,8 @@ use crate::ids::TwinId;
 type Outcome = Result<Reply, TwinError>;
 
 /// `IfMatch::Any` (or none) matches any existing entity; an etag must equal the current one.
-fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: &str) -> Result<(), TwinError> {
+/// `what` names the identity in the error; it is formatted only then (every write passes here).
+fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: std::fmt::Arguments<'_>) -> Result<(), TwinError> {
     match if_match {
         None | Some(IfMatch::Any) => Ok(()),
         Some(IfMatch::Etag(e)) if *e == etag_text(current) => Ok(()),
@@ -292,7 +293,7 @@ impl ShardState {
                 Ok(())
             }
             (Some(existing), Some(im)) => {
-                check_if_match(Some(im), existing.identity.etag, &format!("device {id}"))?;
+                check_if_match(Some(im), existing.identity.etag, format_args!("device {id}"))?;
                 let etag = self.next_etag();
                 let entry = self
                     .devices
@@ -315,7 +316,7 @@ impl ShardState {
 
     pub(super) fn delete_device(&mut self, id: &str, if_match: Option<&IfMatch>, events: &mut Vec<Event>) -> Outcome {
         let dev = self.devices.get(id).ok_or_else(|| TwinError::DeviceNotFound(id.to_string()))?;
-        check_if_match(if_match, dev.identity.etag, &format!("device {id}"))?;
+        check_if_match(if_match, dev.identity.etag, format_args!("device {id}"))?;
         if !self.quiet {
             for (mid, m) in &dev.modules {
                 events.push(Event::Lifecycle {
@@ -383,7 +384,7 @@ impl ShardState {
                 Ok(Reply::Module(doc))
             }
             (Some(existing), Some(im)) => {
-                check_if_match(Some(im), existing.identity.etag, &format!("module {mid} on device {did}"))?;
+                check_if_match(Some(im), existing.identity.etag, format_args!("module {mid} on device {did}"))?;
                 let etag = self.next_etag();
                 let entry = self
                     .devices
@@ -408,7 +409,7 @@ impl ShardState {
         let id = TwinId::module(did, mid);
         let dev = self.devices.get(did).ok_or_else(|| TwinError::DeviceNotFound(did.to_string()))?;
         let m = dev.modules.get(mid).ok_or_else(|| not_found(&id))?;
-        check_if_match(if_match, m.identity.etag, &format!("module {mid} on device {did}"))?;
+        check_if_match(if_match, m.identity.etag, format_args!("module {mid} on device {did}"))?;
         if !self.quiet {
             let body = dev.render_twin(did, Some((mid, m)));
             events.push(Event::Lifecycle { id, op_type: "deleteModuleIdentity".into(), body });
@@ -464,21 +465,22 @@ impl ShardState {
         at: i64,
         events: &mut Vec<Event>,
     ) -> Result<(), TwinError> {
-        self.patch_twin_body(id, &parse_json(json)?, if_match, at, events)
+        let body = parse_json(json)?;
+        self.patch_twin_sections(id, service_body(&body)?, if_match, at, events)
     }
 
-    /// [`Self::patch_twin`] with the body already parsed (a bulk entry builds it as a value).
-    pub(super) fn patch_twin_body(
+    /// [`Self::patch_twin`] with the sections already parsed and checked (a bulk entry's were checked
+    /// before they were proposed); the merged sections' sizes are checked here.
+    pub(super) fn patch_twin_sections(
         &mut self,
         id: &TwinId,
-        body: &Value,
+        sb: ServiceBody<'_>,
         if_match: Option<&IfMatch>,
         at: i64,
         events: &mut Vec<Event>,
     ) -> Result<(), TwinError> {
-        let sb = service_body(body)?;
         let cur = self.twin_doc(id)?;
-        check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
+        check_if_match(if_match, cur.etag, format_args!("twin {id}"))?;
         let tags_patch = effective_patch(sb.tags, cur.tags.root());
         let desired_patch = effective_patch(sb.desired, cur.desired.root());
         if tags_patch.is_none() && desired_patch.is_none() {
@@ -560,7 +562,7 @@ impl ShardState {
         let body = parse_json(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;
-        check_if_match(if_match, cur.etag, &format!("twin {id}"))?;
+        check_if_match(if_match, cur.etag, format_args!("twin {id}"))?;
         let empty = Map::new();
         let section_map = |s: Section<'_>| match s {
             Section::Object(m) => m.clone(),

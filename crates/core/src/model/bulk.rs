@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 use super::apply::clear_patch;
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec};
 use super::error::TwinError;
+use super::validate::{Section, ServiceBody};
 use super::{Event, ShardState};
 use crate::ids::TwinId;
 
@@ -134,7 +135,7 @@ impl ShardState {
                     }
                 };
                 if let Some(p) = patch {
-                    self.patch_twin_body(&e.id, &p, None, cmd.timestamp_ms, events)?;
+                    self.patch_twin_sections(&e.id, p.body(), None, cmd.timestamp_ms, events)?;
                 }
                 Ok(())
             }
@@ -155,7 +156,7 @@ impl ShardState {
                     _ => Some(etag_match(&e.twin_etag, "twinETag")?),
                 };
                 if let Some(p) = self.sections_patch(Some(&e.id), e)? {
-                    self.patch_twin_body(&e.id, &p, if_match.as_ref(), cmd.timestamp_ms, events)?;
+                    self.patch_twin_sections(&e.id, p.body(), if_match.as_ref(), cmd.timestamp_ms, events)?;
                 } else {
                     // Nothing to write, but the twin must exist and the etag must hold.
                     self.twin_doc(&e.id)?;
@@ -170,8 +171,9 @@ impl ShardState {
 
     /// The service patch that overwrites the sections the entry carries: for each given section, every
     /// current key removed (`null`) and the given members set. `current` names the twin whose sections
-    /// are overwritten (`None`: a twin about to be created, which has none).
-    fn sections_patch(&self, current: Option<&TwinId>, e: &BulkEntry) -> Result<Option<Value>, TwinError> {
+    /// are overwritten (`None`: a twin about to be created, which has none). The sections were checked
+    /// by the front door before the entry was proposed, so they are only parsed here.
+    fn sections_patch(&self, current: Option<&TwinId>, e: &BulkEntry) -> Result<Option<SectionsPatch>, TwinError> {
         if e.tags_json.is_none() && e.desired_json.is_none() {
             return Ok(None);
         }
@@ -184,28 +186,38 @@ impl ShardState {
             },
             None => None,
         };
-        let section =
-            |json: &Option<String>, cur: Option<super::packed::NodeRef<'_>>| -> Result<Option<Value>, TwinError> {
-                let Some(text) = json else { return Ok(None) };
-                let given: Value = serde_json::from_str(text)
-                    .map_err(|err| TwinError::InvalidArgument(format!("malformed twin section: {err}")))?;
-                let Value::Object(given) = given else {
-                    return Err(TwinError::InvalidArgument("tags and properties.desired must be JSON objects".into()));
-                };
-                let mut patch: Map<String, Value> = cur.map(clear_patch).unwrap_or_default();
-                patch.extend(given);
-                Ok(Some(Value::Object(patch)))
+        let section = |json: &Option<String>,
+                       cur: Option<super::packed::NodeRef<'_>>|
+         -> Result<Option<Map<String, Value>>, TwinError> {
+            let Some(text) = json else { return Ok(None) };
+            let given: Value = serde_json::from_str(text)
+                .map_err(|err| TwinError::InvalidArgument(format!("malformed twin section: {err}")))?;
+            let Value::Object(given) = given else {
+                return Err(TwinError::InvalidArgument("tags and properties.desired must be JSON objects".into()));
             };
-        let tags = section(&e.tags_json, twin.map(|t| t.tags.root()))?;
-        let desired = section(&e.desired_json, twin.map(|t| t.desired.root()))?;
-        let mut body = Map::new();
-        if let Some(t) = tags {
-            body.insert("tags".into(), t);
+            let mut patch: Map<String, Value> = cur.map(clear_patch).unwrap_or_default();
+            patch.extend(given);
+            Ok(Some(patch))
+        };
+        Ok(Some(SectionsPatch {
+            tags: section(&e.tags_json, twin.map(|t| t.tags.root()))?,
+            desired: section(&e.desired_json, twin.map(|t| t.desired.root()))?,
+        }))
+    }
+}
+
+/// The sections a bulk entry writes, as patches of the twin's current ones.
+struct SectionsPatch {
+    tags: Option<Map<String, Value>>,
+    desired: Option<Map<String, Value>>,
+}
+
+impl SectionsPatch {
+    fn body(&self) -> ServiceBody<'_> {
+        fn section(m: &Option<Map<String, Value>>) -> Section<'_> {
+            m.as_ref().map_or(Section::Absent, Section::Object)
         }
-        if let Some(d) = desired {
-            body.insert("properties".into(), Value::Object(Map::from_iter([("desired".into(), d)])));
-        }
-        Ok(Some(Value::Object(body)))
+        ServiceBody { tags: section(&self.tags), desired: section(&self.desired) }
     }
 }
 
