@@ -21,6 +21,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use super::store::{decode, encode};
 use super::types::SnapshotMeta;
@@ -35,7 +36,13 @@ pub struct SnapshotFiles {
     dir: PathBuf,
     /// Makes temporary names unique when two snapshots of one shard are written at once.
     seq: AtomicU64,
+    /// The buffer the last snapshot was encoded in, kept for the next one (see [`SnapshotFiles::buffer`]).
+    spare: Mutex<Vec<u8>>,
 }
+
+/// The largest encoding buffer kept between snapshots. A shard of a million-twin fleet of 16 shards
+/// encodes into about 30 MB; a buffer above this is freed after use rather than held.
+const SPARE_LIMIT: usize = 64 << 20;
 
 fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
@@ -66,7 +73,7 @@ impl SnapshotFiles {
                 std::fs::remove_file(entry.path())?;
             }
         }
-        Ok(SnapshotFiles { dir, seq: AtomicU64::new(0) })
+        Ok(SnapshotFiles { dir, seq: AtomicU64::new(0), spare: Mutex::new(Vec::new()) })
     }
 
     /// Final snapshot files of `shard`, as `(index, path)`, oldest first.
@@ -92,6 +99,33 @@ impl SnapshotFiles {
         let mut bytes = Vec::new();
         File::open(&path)?.read_to_end(&mut bytes)?;
         decode_file(bytes).map(Some).map_err(|e| invalid(format!("snapshot file {}: {e}", path.display())))
+    }
+
+    /// A buffer to encode a snapshot into, with room for `size_hint` bytes: the one the last snapshot
+    /// used, if no other snapshot holds it. Encoding into fresh memory faulted in every page of tens
+    /// of megabytes, each time; on this kind of virtual machine that was half of a snapshot's cost
+    /// (benches/README.md). Hand it back with [`SnapshotFiles::keep`].
+    pub fn buffer(&self, size_hint: usize) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|e| e.into_inner()));
+        buf.clear();
+        if buf.capacity() < size_hint {
+            // A quarter more, so the next shard's a little larger snapshot still fits: a buffer
+            // grown again is fresh memory again. Room never written to is never resident.
+            buf = Vec::with_capacity(size_hint + size_hint / 4);
+        }
+        buf
+    }
+
+    /// Keeps `buf` for the next snapshot, unless it is over [`SPARE_LIMIT`] or a larger one is kept.
+    pub fn keep(&self, mut buf: Vec<u8>) {
+        if buf.capacity() > SPARE_LIMIT {
+            return;
+        }
+        buf.clear();
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.capacity() > spare.capacity() {
+            *spare = buf;
+        }
     }
 
     /// Writes the snapshot of `shard` durably and removes the shard's older files. Blocking.
@@ -195,6 +229,23 @@ mod tests {
         let err = files.read(1).expect_err("damaged file accepted");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(err.to_string().contains(&file_name(1, 7)), "{err}");
+    }
+
+    #[test]
+    fn a_kept_buffer_is_handed_out_again_empty_unless_too_large() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = SnapshotFiles::open(dir.path().to_path_buf()).expect("open");
+        let mut buf = files.buffer(1000);
+        buf.extend_from_slice(b"last snapshot");
+        let at = buf.as_ptr();
+        files.keep(buf);
+        let again = files.buffer(10);
+        assert!(again.is_empty() && again.capacity() >= 1000 && again.as_ptr() == at, "not the kept buffer");
+        let taken_meanwhile = files.buffer(10);
+        assert!(taken_meanwhile.capacity() < 1000, "a second snapshot meanwhile gets its own buffer");
+        files.keep(again);
+        files.keep(Vec::with_capacity(SPARE_LIMIT + 1));
+        assert!(files.buffer(0).capacity() < SPARE_LIMIT, "an oversized buffer was kept");
     }
 
     #[test]

@@ -229,11 +229,17 @@ pub struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
+    /// Encodes the shard into the node's snapshot buffer, writes it durably, and answers the
+    /// snapshot's meta with **no data**, keeping the buffer for the next snapshot: openraft uses only
+    /// the meta of a snapshot it asked to build, and reads the stored one through
+    /// [`RaftStateMachine::get_current_snapshot`] when it sends one to a follower. Should a later
+    /// openraft send these bytes, the follower refuses an empty snapshot as corrupt rather than read
+    /// it as an empty shard.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         // Encoding a large shard takes long: on the blocking pool, not on an async worker that Raft
         // heartbeats are queued behind.
         let _building = Building::start(&self.work);
-        let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
+        let (shared, work, store) = (Arc::clone(&self.shared), Arc::clone(&self.work), Arc::clone(&self.store));
         let (meta, data) = tokio::task::spawn_blocking(move || {
             // The state is held only while its image is taken; apply goes on during the encoding.
             let (meta, image) = {
@@ -246,8 +252,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             // snapshot guesses a kilobyte per device (room not written to is never resident).
             let last = work.last_len.load(Ordering::Relaxed);
             let hint = (last + last / 8).max(image.device_count().saturating_mul(1024) + (64 << 10));
+            let mut data = store.snapshots.buffer(hint);
             let started = Instant::now();
-            let data = image.encode(hint);
+            image.encode_into(&mut data);
             metrics::histogram!("twinhub_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
             metrics::counter!("twinhub_snapshot_bytes_total").increment(data.len() as u64);
             work.last_len.store(data.len(), Ordering::Relaxed);
@@ -256,7 +263,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(io::Error::other)?;
         let data = persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, data).await?;
-        Ok(Snapshot { meta, snapshot: data })
+        self.store.snapshots.keep(data);
+        Ok(Snapshot { meta, snapshot: Vec::new() })
     }
 }
 

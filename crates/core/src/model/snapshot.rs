@@ -60,12 +60,22 @@ impl SnapshotImage {
     /// answer would be empty, which [`ShardState::decode_snapshot`] refuses rather than read as an
     /// empty shard.
     pub fn encode(self, size_hint: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(size_hint);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// [`SnapshotImage::encode`] into `out`, which is cleared first: a node encodes its snapshots
+    /// into one buffer it keeps, whose pages are already resident.
+    pub fn encode_into(self, out: &mut Vec<u8>) {
+        out.clear();
         let mut state = self.0;
         let devices = std::mem::take(&mut state.devices);
-        let Ok(rest) = serde_json::to_string(&state) else { return Vec::new() };
-        let mut out = Vec::with_capacity(size_hint);
+        let Ok(rest) = serde_json::to_string(&state) else { return };
         out.extend_from_slice(BINARY_TAG);
-        postcard::to_io(&Binary { rest: &rest, devices }, out).unwrap_or_default()
+        if postcard::to_io(&Binary { rest: &rest, devices }, &mut *out).is_err() {
+            out.clear();
+        }
     }
 }
 
@@ -164,6 +174,22 @@ mod tests {
         assert_eq!(read, state);
         assert_eq!(ShardState::decode_snapshot(&current).expect("packed layout"), state);
         assert!(read.tag_index_is_consistent());
+    }
+
+    #[test]
+    fn encodes_into_a_used_buffer_as_into_a_new_one() {
+        let mut state = ShardState::default();
+        for i in 0..20 {
+            let device = crate::model::DeviceSpec::test_sas(&format!("d{i}"));
+            let cmd =
+                crate::model::Command::new(crate::model::Op::PutDevice { device, if_match: None }, 1_700_000_000_000);
+            state.apply(&cmd);
+        }
+        let fresh = state.encode_snapshot();
+        let mut used = vec![0xAB; fresh.len() * 3];
+        state.snapshot_image().encode_into(&mut used);
+        assert!(used == fresh, "a used buffer's old bytes leaked into the snapshot");
+        assert_eq!(ShardState::decode_snapshot(&used).expect("decode"), state);
     }
 
     #[test]
