@@ -1,6 +1,7 @@
 //! Micro-benches (criterion) of the hot paths of one twin write, in the order a write meets them:
 //! SAS check at the front door, patch validation, the Raft log codec (postcard), and `apply` (merge
-//! with `$metadata`, versions, etag, dedupe) on the state machine.
+//! with `$metadata`, versions, etag, dedupe) on the state machine; then a shard snapshot and the
+//! check of a bulk entry's sections.
 //!
 //!   cargo bench --bench micro                 # all
 //!   cargo bench --bench micro -- apply        # one group
@@ -13,7 +14,9 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use serde_json::{json, Map, Value};
 use twinhub::auth::{sign, SasToken};
 use twinhub::ids::TwinId;
-use twinhub::model::{validate_twin_patch, AuthSpec, Command, DeviceSpec, Op, ShardState, Status};
+use twinhub::model::{
+    validate_twin_patch, validate_twin_section_texts, AuthSpec, Command, DeviceSpec, Op, ShardState, Status,
+};
 
 const KEY: &str = "cHJpbWFyeWtleXByaW1hcnlrZXlwcmltYXJ5a2V5MDA=";
 const T0: i64 = 1_795_000_000_000;
@@ -167,5 +170,49 @@ fn apply(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, sas, validate, codec, apply);
+/// A shard's snapshot as a bulk-loaded 1M fleet has it at its first snapshot (40,000 twins of a
+/// 16-shard fleet, each with three tags and a 200-byte desired value): the image taken, encoded into
+/// a buffer of its size, and that written to a file (without fsync). Each iteration writes a new file.
+fn snapshot(c: &mut Criterion) {
+    let mut state = ShardState::default();
+    for first in (0..40_000).step_by(100) {
+        assert!(state.apply(&bulk_create(first, 100)).result.is_ok());
+    }
+    let size = state.encode_snapshot().len();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("shard.snap");
+    let mut g = c.benchmark_group("snapshot_40k_twins");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(size as u64));
+    g.bench_function("image", |b| b.iter(|| state.snapshot_image()));
+    g.bench_function("encode", |b| b.iter(|| state.snapshot_image().encode(size)));
+    g.bench_function("encode_and_write", |b| {
+        b.iter(|| {
+            let data = state.snapshot_image().encode(size);
+            std::fs::write(&path, &data).expect("write");
+        })
+    });
+    g.finish();
+}
+
+/// The check of a bulk entry's sections at the front door: the sections parsed into a tree and
+/// checked (as before), against checked while their text is read.
+fn sections(c: &mut Criterion) {
+    let tags = r#"{"building":43,"battery":17,"jobgroup":3}"#;
+    let desired = format!(r#"{{"value":"{}"}}"#, "x".repeat(200));
+    let mut g = c.benchmark_group("bulk_entry_sections");
+    g.bench_function("tree", |b| {
+        b.iter(|| {
+            let t: Value = serde_json::from_str(black_box(tags)).expect("json");
+            let d: Value = serde_json::from_str(black_box(&desired)).expect("json");
+            validate_twin_patch(&json!({"tags": t, "properties": {"desired": d}})).expect("valid")
+        })
+    });
+    g.bench_function("text", |b| {
+        b.iter(|| validate_twin_section_texts(Some(black_box(tags)), Some(black_box(&desired))).expect("valid"))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, sas, validate, codec, apply, snapshot, sections);
 criterion_main!(benches);
