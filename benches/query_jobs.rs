@@ -17,7 +17,10 @@
 //!    checked against the tag formula: a wrong answer exits non-zero.
 //! 3. **Job**: `PUT /jobs/v2/qjob` updating desired `fw` on `tags.jobgroup = true`, polled every second
 //!    until `completed`: time from the PUT to completion, devices/s (the runner throttles itself to 500
-//!    devices/s by design, so 100k takes at least 200 s). Checks deviceCount = succeededCount =
+//!    devices/s by design, so 100k takes at least 200 s). Meanwhile the tags query (to its last page)
+//!    and the count run through each node in turn, a pause of `QJ_BESIDE_PAUSE_MS` (1000) after each
+//!    pair, each answer checked, their latencies printed. With 0 they run back to back and take all
+//!    the CPU the job leaves, so the job falls below its throttle on this 2-core machine. Checks deviceCount = succeededCount =
 //!    `QJ_JOB_TWINS`, and that 100 random matching twins got `fw = "2.0"` exactly once (desired
 //!    `$version` one above what it was before the job) and 20 non-matching ones did not.
 //! 4. **Memory**: VmRSS (and VmHWM) of every node after loading, after the queries and after the job,
@@ -28,7 +31,7 @@
 //!   cargo bench --bench query_jobs                                       # 1M twins, 100k job
 //!
 //! Environment: `QJ_TWINS` (1000000), `QJ_JOB_TWINS` (100000, at most `QJ_TWINS`), `QJ_SHARDS` (16),
-//! `QJ_CLIENTS` (64), `QJ_KEEP=1` keeps the cluster directory (node logs).
+//! `QJ_CLIENTS` (64), `QJ_BESIDE_PAUSE_MS` (1000), `QJ_KEEP=1` keeps the cluster directory (node logs).
 //! Progress on stderr; results on stdout and in `target/query_jobs.json`. Asserts nothing about
 //! speed; exits non-zero on a wrong answer.
 
@@ -540,6 +543,46 @@ async fn run() {
         "updateTwin": {"properties": {"desired": {"fw": "2.0"}}}, "maxExecutionTimeInSeconds": 3600
     });
     let lc_before_job = leader_changes(&c).await;
+    // Queries run beside the job through each node in turn until it ends: the tags query to its last
+    // page, then the count, then a pause of `QJ_BESIDE_PAUSE_MS`. Their answers do not change (the
+    // job writes desired `fw`, not tags), so each is checked.
+    let beside_pause = Duration::from_millis(env_u64("QJ_BESIDE_PAUSE_MS", 1000));
+    let beside_stop = Arc::new(AtomicBool::new(false));
+    let beside = {
+        let apis: Vec<(u64, Api)> =
+            c.ids().into_iter().map(|id| (id, c.api_with_timeout(id, Duration::from_secs(600)))).collect();
+        let (stop, expected_ids) = (Arc::clone(&beside_stop), expected_ids.clone());
+        tokio::spawn(async move {
+            let (mut tags_runs, mut counts, mut wrong_answers) = (Vec::new(), Vec::new(), Vec::new());
+            let mut turn = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let (node, api) = &apis[turn % apis.len()];
+                turn += 1;
+                match run_query(api, *node).await {
+                    Ok(run) if run.ids == expected_ids => tags_runs.push((run.first_page_ms, run.total_ms)),
+                    Ok(run) => wrong_answers.push(format!("tags query through node {node}: {} rows", run.rows)),
+                    Err(e) => wrong_answers.push(format!("tags query through node {node}: {e}")),
+                }
+                let t0 = Instant::now();
+                let r = api.try_send("POST", "/devices/query", Some(&json!({"query": COUNT_QUERY})), &[]).await;
+                let ms = t0.elapsed().as_secs_f64() * 1000.0;
+                match r {
+                    Ok(r) if r.status == 200 => {
+                        let n = r.json.as_ref().and_then(|v| v.pointer("/0/n")).and_then(Value::as_u64);
+                        if n == Some(expected_count) {
+                            counts.push(ms);
+                        } else {
+                            wrong_answers.push(format!("count through node {node}: {}", r.text));
+                        }
+                    }
+                    Ok(r) => wrong_answers.push(format!("count through node {node}: status {} {}", r.status, r.text)),
+                    Err(e) => wrong_answers.push(format!("count through node {node}: {e}")),
+                }
+                tokio::time::sleep(beside_pause).await;
+            }
+            (tags_runs, counts, wrong_answers)
+        })
+    };
     let t_put = Instant::now();
     let r = api1.send("PUT", &format!("/jobs/v2/{JOB_ID}"), Some(&job), &[]).await;
     if r.status != 200 {
@@ -586,6 +629,30 @@ async fn run() {
         assert!(el < JOB_LIMIT.as_secs_f64(), "job did not finish within {JOB_LIMIT:?}: {j}");
     };
     let job_secs = t_put.elapsed().as_secs_f64();
+    beside_stop.store(true, Ordering::Relaxed);
+    let (tags_runs, counts, wrong_answers) = match beside.await {
+        Ok(r) => r,
+        Err(e) => wrong(c, format!("the queries beside the job: {e}")),
+    };
+    if !wrong_answers.is_empty() {
+        wrong(c, format!("queries beside the job answered wrong: {wrong_answers:?}"));
+    }
+    let beside_firsts: Vec<f64> = tags_runs.iter().map(|r| r.0).collect();
+    let beside_totals: Vec<f64> = tags_runs.iter().map(|r| r.1).collect();
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let beside_line = format!(
+        "{} tags queries (first page median {:.0} ms, max {:.0}; all pages median {:.0} ms, max {:.0}), {} counts (median {:.0} ms, max {:.0}), {} ms between rounds, all answers right",
+        tags_runs.len(),
+        median(&beside_firsts),
+        max(&beside_firsts),
+        median(&beside_totals),
+        max(&beside_totals),
+        counts.len(),
+        median(&counts),
+        max(&counts),
+        beside_pause.as_millis()
+    );
+    println!("queries beside the job: {beside_line}");
     let stats = &done["deviceJobStatistics"];
     let job_rate = job_twins as f64 / job_secs;
     println!(
@@ -667,6 +734,7 @@ async fn run() {
     let lc_end = leader_changes(&c).await;
     let (lc_job, lc_job_per) = changes_between(&lc_before_job, &lc_end);
     let (lc_all, lc_all_per) = changes_between(&lc_start, &lc_end);
+    println!("  beside the job   {beside_line}");
     println!("  leader changes   during the job {lc_job} {lc_job_per:?} | from load to end {lc_all} {lc_all_per:?}");
     for (name, m) in [("RSS after load ", &mem_loaded), ("RSS after job  ", &mem_job)] {
         let parts: Vec<String> = m
@@ -712,6 +780,7 @@ async fn run() {
             "secs": job_secs, "devices_per_sec": job_rate, "put_ms": put_ms, "running_after_s": running_s,
             "devices_counted_after_s": counted_s, "final": done, "polls": polls, "throttle_per_sec": 500,
         },
+        "beside_job": {"tags_first_page_ms": beside_firsts, "tags_total_ms": beside_totals, "count_ms": counts},
         "leader_changes": {"during_job": lc_job, "during_job_per_group": lc_job_per, "load_to_end": lc_all, "load_to_end_per_group": lc_all_per},
         "memory": {"empty": mem_empty, "after_load": mem_loaded, "after_queries": mem_queried, "after_job": mem_job},
     });
