@@ -359,6 +359,25 @@ async fn run_query(api: &Api, node: u64) -> Result<QueryRun, String> {
     })
 }
 
+/// `COUNT_QUERY` through `api`: its time in ms, or what was wrong (status, transport, an answer other
+/// than `expected`).
+async fn run_count(api: &Api, expected: u64) -> Result<f64, String> {
+    let t0 = Instant::now();
+    let r = api
+        .try_send("POST", "/devices/query", Some(&json!({"query": COUNT_QUERY})), &[])
+        .await
+        .map_err(|e| format!("transport error {e}"))?;
+    let ms = t0.elapsed().as_secs_f64() * 1000.0;
+    if r.status != 200 {
+        return Err(format!("status {} {}", r.status, r.text));
+    }
+    let n = r.json.as_ref().and_then(|v| v.pointer("/0/n")).and_then(Value::as_u64);
+    if n != Some(expected) {
+        return Err(format!("answer {}, expected n = {expected}", r.text));
+    }
+    Ok(ms)
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -503,19 +522,11 @@ async fn run() {
     for rep in 0..REPEATS {
         let node = c.ids()[rep % c.nodes.len()];
         let api = c.api_with_timeout(node, Duration::from_secs(600));
-        let t0 = Instant::now();
-        let r = api.try_send("POST", "/devices/query", Some(&json!({"query": COUNT_QUERY})), &[]).await;
-        let ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let r = match r {
-            Ok(r) if r.status == 200 => r,
-            Ok(r) => wrong(c, format!("count query through node {node}: status {} {}", r.status, r.text)),
-            Err(e) => wrong(c, format!("count query through node {node}: transport error {e}")),
+        let ms = match run_count(&api, expected_count).await {
+            Ok(ms) => ms,
+            Err(e) => wrong(c, format!("count query through node {node}: {e}")),
         };
-        let n = r.json.as_ref().and_then(|v| v.pointer("/0/n")).and_then(Value::as_u64);
-        println!("count run {rep} (node {node}): {ms:.0} ms, n = {n:?}");
-        if n != Some(expected_count) {
-            wrong(c, format!("count query through node {node}: answer {}, expected n = {expected_count}", r.text));
-        }
+        println!("count run {rep} (node {node}): {ms:.0} ms, n = {:?}", Some(expected_count));
         count_ms.push(ms);
         count_nodes.push(node);
     }
@@ -563,19 +574,8 @@ async fn run() {
                     Ok(run) => wrong_answers.push(format!("tags query through node {node}: {} rows", run.rows)),
                     Err(e) => wrong_answers.push(format!("tags query through node {node}: {e}")),
                 }
-                let t0 = Instant::now();
-                let r = api.try_send("POST", "/devices/query", Some(&json!({"query": COUNT_QUERY})), &[]).await;
-                let ms = t0.elapsed().as_secs_f64() * 1000.0;
-                match r {
-                    Ok(r) if r.status == 200 => {
-                        let n = r.json.as_ref().and_then(|v| v.pointer("/0/n")).and_then(Value::as_u64);
-                        if n == Some(expected_count) {
-                            counts.push(ms);
-                        } else {
-                            wrong_answers.push(format!("count through node {node}: {}", r.text));
-                        }
-                    }
-                    Ok(r) => wrong_answers.push(format!("count through node {node}: status {} {}", r.status, r.text)),
+                match run_count(api, expected_count).await {
+                    Ok(ms) => counts.push(ms),
                     Err(e) => wrong_answers.push(format!("count through node {node}: {e}")),
                 }
                 tokio::time::sleep(beside_pause).await;
