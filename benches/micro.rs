@@ -170,6 +170,24 @@ fn apply(c: &mut Criterion) {
     g.finish();
 }
 
+/// The document a twin write answers, for a twin that took 50 patches of 10 leaves: built as a JSON
+/// tree then written as text (how every replica rendered it before), against written straight from
+/// the packed twin as text (what apply does now). Both give the same bytes (a unit test checks).
+fn render(c: &mut Criterion) {
+    let mut g = c.benchmark_group("render_twin");
+    let mut state = ShardState::default();
+    assert!(state.apply(&device("device-000042")).result.is_ok());
+    for round in 0..50 {
+        assert!(state.apply(&update("device-000042", 10, round)).result.is_ok());
+    }
+    let id = TwinId::device("device-000042");
+    g.bench_function("tree_then_text", |b| {
+        b.iter(|| twinhub::model::JsonText::render(&state.twin(black_box(&id)).expect("twin")))
+    });
+    g.bench_function("text", |b| b.iter(|| state.twin_text(black_box(&id)).expect("twin")));
+    g.finish();
+}
+
 /// A shard's snapshot as a bulk-loaded 1M fleet has it at its first snapshot (40,000 twins of a
 /// 16-shard fleet, each with three tags and a 200-byte desired value): the image taken, encoded into
 /// a buffer of its size, and that written to a file (without fsync). Each iteration writes a new file.
@@ -214,5 +232,5 @@ fn sections(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, sas, validate, codec, apply, snapshot, sections);
+criterion_group!(benches, sas, validate, codec, apply, render, snapshot, sections);
 criterion_main!(benches);

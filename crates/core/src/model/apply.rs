@@ -9,7 +9,6 @@ use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
 use super::doc::{replace_diff, Node};
 use super::error::TwinError;
 use super::etag::etag_text;
-use super::json_text::JsonText;
 use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
@@ -451,7 +450,7 @@ impl ShardState {
         events: &mut Vec<Event>,
     ) -> Outcome {
         self.patch_twin(id, json, if_match, at, events)?;
-        Ok(Reply::Twin(JsonText::render(&self.twin(id)?)))
+        Ok(Reply::Twin(self.twin_text(id)?))
     }
 
     /// [`ShardState::update_twin`] without rendering the twin it answers: a bulk registry entry
@@ -584,9 +583,9 @@ impl ShardState {
         twin.desired_version = desired_version;
         twin.tags = tags;
         twin.desired = desired;
-        let full = self.twin(id)?;
-        let reply = JsonText::render(&full);
+        let reply = self.twin_text(id)?;
         if !self.quiet {
+            let full = self.twin(id)?;
             events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full, version });
             events.push(Event::DesiredPatch {
                 id: id.clone(),

@@ -22,7 +22,12 @@ pub struct JsonText(Arc<str>);
 impl JsonText {
     /// Renders a document.
     pub fn render(doc: &Value) -> JsonText {
-        // Serializing a `Value` to a string cannot fail (its map keys are strings).
+        JsonText::of(doc)
+    }
+
+    /// Renders anything serde can write as JSON. Callers pass documents and views whose map keys are
+    /// strings, which cannot fail; `null` stands in if one ever did.
+    pub fn of(doc: &impl Serialize) -> JsonText {
         JsonText(serde_json::to_string(doc).unwrap_or_else(|_| "null".into()).into())
     }
 

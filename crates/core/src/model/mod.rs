@@ -252,7 +252,7 @@ impl ShardState {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))
             }
             Remembered::Module(d, m) => self.module(d, m).map(Reply::Module),
-            Remembered::Twin(id) => self.twin(id).map(|doc| Reply::Twin(JsonText::render(&doc))),
+            Remembered::Twin(id) => self.twin_text(id).map(Reply::Twin),
             Remembered::Job(id) => self
                 .jobs
                 .jobs
@@ -361,17 +361,28 @@ impl ShardState {
 
     /// The full twin document (service view, REST shape).
     pub fn twin(&self, id: &TwinId) -> Result<Value, TwinError> {
-        let dev = self.device_entry(&id.device_id)?;
-        match &id.module_id {
-            None => Ok(dev.render_twin(&id.device_id, None)),
-            Some(mid) => {
-                let m = dev
+        self.twin_ref(id).map(|t| t.render())
+    }
+
+    /// [`ShardState::twin`] as JSON text, written without building the document first: what a twin
+    /// write answers, on every replica (the retry window keeps it).
+    pub fn twin_text(&self, id: &TwinId) -> Result<JsonText, TwinError> {
+        self.twin_ref(id).map(|t| t.render_text())
+    }
+
+    fn twin_ref<'a>(&'a self, id: &'a TwinId) -> Result<TwinRef<'a>, TwinError> {
+        let device = self.device_entry(&id.device_id)?;
+        let module = match &id.module_id {
+            None => None,
+            Some(mid) => Some((
+                mid.as_str(),
+                device
                     .modules
                     .get(mid)
-                    .ok_or_else(|| TwinError::ModuleNotFound { device: id.device_id.clone(), module: mid.clone() })?;
-                Ok(dev.render_twin(&id.device_id, Some((mid, m))))
-            }
-        }
+                    .ok_or_else(|| TwinError::ModuleNotFound { device: id.device_id.clone(), module: mid.clone() })?,
+            )),
+        };
+        Ok(TwinRef { device_id: &id.device_id, device, module })
     }
 
     /// The device view: `{"desired": {...}, "reported": {...}}` with `$metadata` and `$version`, no tags.

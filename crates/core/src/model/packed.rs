@@ -18,11 +18,12 @@
 
 use std::cell::Cell;
 
+use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
 use super::doc::{Node, NodeValue};
-use super::time::{format_ms, NEVER};
+use super::time::{Timestamp, NEVER};
 
 const OBJECT: u8 = 0;
 const FALSE: u8 = 1;
@@ -324,16 +325,15 @@ impl<'a> NodeRef<'a> {
 
     /// `$metadata` of this node and everything below it.
     pub fn metadata(&self, with_version: bool) -> Value {
-        let mut m = self.own_metadata(with_version);
-        for (k, n) in self.members() {
-            m.insert(k.to_string(), n.metadata(with_version));
-        }
-        Value::Object(m)
+        to_value(&Metadata { node: *self, with_version })
     }
 
     /// `$metadata` restricted to what a patch touched (twin change events carry only that).
     pub fn patch_metadata(&self, patch: &Map<String, Value>, with_version: bool) -> Value {
-        let mut m = self.own_metadata(with_version);
+        let mut m = match to_value(&Stamp { node: *self, with_version }) {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        };
         for (k, pv) in patch {
             if let Some(n) = self.child(k) {
                 let meta = match pv {
@@ -346,21 +346,9 @@ impl<'a> NodeRef<'a> {
         Value::Object(m)
     }
 
-    fn own_metadata(&self, with_version: bool) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("$lastUpdated".into(), Value::String(format_ms(self.updated)));
-        if with_version && self.updated != NEVER {
-            m.insert("$lastUpdatedVersion".into(), Value::from(self.updated_version));
-        }
-        m
-    }
-
     /// A section as IoT Hub renders it: members, then `$metadata`, then `$version`.
     pub fn render_section(&self, section_version: i64, with_version: bool) -> Value {
-        let mut m = self.to_map();
-        m.insert("$metadata".into(), self.metadata(with_version));
-        m.insert("$version".into(), Value::from(section_version));
-        Value::Object(m)
+        to_value(&Section { node: *self, version: section_version, with_version })
     }
 
     /// Size as [`super::validate::doc_size`] computes it, without rendering.
@@ -380,6 +368,111 @@ impl<'a> NodeRef<'a> {
             ValueRef::String(s) => super::validate::text_size(s),
             ValueRef::Array(a) => serde_json::from_str(a).map_or(0, |v| super::validate::doc_size(&v)),
         }
+    }
+}
+
+/// Renders a view through serde into a tree. The views below cannot fail to serialize (their map keys
+/// are strings), so the `Null` fallback is never taken.
+fn to_value(view: &impl Serialize) -> Value {
+    serde_json::to_value(view).unwrap_or(Value::Null)
+}
+
+// Views of a packed node that serialize as the JSON IoT Hub renders. One definition serves both
+// outputs: `serde_json::to_value` builds the tree (queries, events), and `serde_json::to_string`
+// writes the text a twin write answers without building the tree first, which was most of the cost
+// of rendering a twin on every replica.
+
+/// A node's plain JSON value, without metadata: what [`NodeRef::to_value`] builds.
+#[derive(Clone, Copy)]
+pub struct Plain<'a>(pub NodeRef<'a>);
+
+impl Serialize for Plain<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0.value() {
+            ValueRef::Object => MembersOf(self.0).serialize(s),
+            ValueRef::Bool(b) => s.serialize_bool(b),
+            ValueRef::Number(n) => match n.parse::<Number>() {
+                Ok(n) => n.serialize(s),
+                Err(_) => s.serialize_unit(),
+            },
+            ValueRef::String(text) => s.serialize_str(text),
+            ValueRef::Array(a) => serde_json::from_str::<Value>(a).unwrap_or(Value::Null).serialize(s),
+        }
+    }
+}
+
+/// An object node's members as a map (none for anything else): what [`NodeRef::to_map`] builds.
+#[derive(Clone, Copy)]
+pub struct MembersOf<'a>(pub NodeRef<'a>);
+
+impl Serialize for MembersOf<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (k, n) in self.0.members() {
+            map.serialize_entry(k, &Plain(n))?;
+        }
+        map.end()
+    }
+}
+
+/// A node's own stamp: `$lastUpdated`, and `$lastUpdatedVersion` where asked for and ever updated.
+struct Stamp<'a> {
+    node: NodeRef<'a>,
+    with_version: bool,
+}
+
+impl Stamp<'_> {
+    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
+        map.serialize_entry("$lastUpdated", &Timestamp(self.node.updated))?;
+        if self.with_version && self.node.updated != NEVER {
+            map.serialize_entry("$lastUpdatedVersion", &self.node.updated_version)?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Stamp<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        self.entries(&mut map)?;
+        map.end()
+    }
+}
+
+/// `$metadata` of a node and everything below it.
+struct Metadata<'a> {
+    node: NodeRef<'a>,
+    with_version: bool,
+}
+
+impl Serialize for Metadata<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        Stamp { node: self.node, with_version: self.with_version }.entries(&mut map)?;
+        for (k, n) in self.node.members() {
+            map.serialize_entry(k, &Metadata { node: n, with_version: self.with_version })?;
+        }
+        map.end()
+    }
+}
+
+/// A section as IoT Hub renders it: members, then `$metadata`, then `$version`. Member keys never
+/// start with `$` (validation refuses it), so these two cannot collide with a member.
+pub struct Section<'a> {
+    pub node: NodeRef<'a>,
+    pub version: i64,
+    pub with_version: bool,
+}
+
+impl Serialize for Section<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        for (k, n) in self.node.members() {
+            map.serialize_entry(k, &Plain(n))?;
+        }
+        map.serialize_entry("$metadata", &Metadata { node: self.node, with_version: self.with_version })?;
+        map.serialize_entry("$version", &self.version)?;
+        map.end()
     }
 }
 

@@ -1,13 +1,14 @@
 //! Identities (devices and modules) with their twins, and their REST renderings (docs/iothub-protocol.md §3.1–3.2).
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
 use super::command::{AuthSpec, RequestId, Status};
 use super::etag::etag_text;
-use super::packed::Packed;
-use super::time::{format_ms, NEVER};
+use super::json_text::JsonText;
+use super::packed::{MembersOf, Packed, Section};
+use super::time::{format_ms, Timestamp, NEVER};
 
 /// What devices and modules share: authentication, connection state, identity etag.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -174,10 +175,7 @@ impl TwinDoc {
 
     /// The device view: `{"desired", "reported"}` with `$metadata` and `$version`.
     pub fn properties(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("desired".into(), self.desired.root().render_section(self.desired_version, true));
-        m.insert("reported".into(), self.reported.root().render_section(self.reported_version, false));
-        Value::Object(m)
+        serde_json::to_value(Properties(self)).unwrap_or(Value::Null)
     }
 }
 
@@ -265,52 +263,103 @@ impl DeviceEntry {
         module: Option<(&str, &ModuleEntry)>,
         want: &dyn Fn(&str) -> bool,
     ) -> Value {
+        let view = TwinView { twin: TwinRef { device_id, device: self, module }, want };
+        serde_json::to_value(view).unwrap_or(Value::Null)
+    }
+}
+
+/// A twin document as a serde map, so that one definition gives both the tree
+/// ([`DeviceEntry::render_twin_members`]) and the text ([`TwinRef::render_text`]) without a tree.
+struct TwinView<'a> {
+    twin: TwinRef<'a>,
+    want: &'a dyn Fn(&str) -> bool,
+}
+
+impl Serialize for TwinView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let TwinRef { device_id, device, module } = self.twin;
         let (identity, twin) = match module {
             Some((_, m)) => (&m.identity, &m.twin),
-            None => (&self.identity, &self.twin),
+            None => (&device.identity, &device.twin),
         };
-        let mut v = Map::new();
-        v.insert("deviceId".into(), json!(device_id));
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("deviceId", device_id)?;
         if let Some((mid, _)) = module {
-            v.insert("moduleId".into(), json!(mid));
+            map.serialize_entry("moduleId", mid)?;
         }
-        let mut put = |name: &str, value: &dyn Fn() -> Value| {
-            if want(name) {
-                v.insert(name.into(), value());
-            }
-        };
-        put("etag", &|| json!(etag_text(twin.etag)));
-        put("deviceEtag", &|| json!(etag_text(identity.etag)));
-        put("status", &|| json!(status_text(self.status)));
-        put("statusReason", &|| json!(self.status_reason));
-        put("statusUpdateTime", &|| json!(format_ms(self.status_updated)));
-        put("connectionState", &|| json!(identity.connection_state()));
-        put("lastActivityTime", &|| json!(format_ms(identity.last_activity)));
-        put("cloudToDeviceMessageCount", &|| json!(0));
-        put("authenticationType", &|| json!(identity.auth.auth_type));
-        put("x509Thumbprint", &|| {
-            json!({
-                "primaryThumbprint": identity.auth.primary_thumbprint,
-                "secondaryThumbprint": identity.auth.secondary_thumbprint,
-            })
-        });
-        put("modelId", &|| json!(""));
-        put("version", &|| json!(twin.version));
+        let want = self.want;
+        macro_rules! put {
+            ($name:literal, $value:expr) => {
+                if want($name) {
+                    map.serialize_entry($name, &$value)?;
+                }
+            };
+        }
+        put!("etag", etag_text(twin.etag));
+        put!("deviceEtag", etag_text(identity.etag));
+        put!("status", status_text(device.status));
+        put!("statusReason", device.status_reason);
+        put!("statusUpdateTime", Timestamp(device.status_updated));
+        put!("connectionState", identity.connection_state());
+        put!("lastActivityTime", Timestamp(identity.last_activity));
+        put!("cloudToDeviceMessageCount", 0);
+        put!("authenticationType", identity.auth.auth_type);
+        put!(
+            "x509Thumbprint",
+            Thumbprints { primary: &identity.auth.primary_thumbprint, secondary: &identity.auth.secondary_thumbprint }
+        );
+        put!("modelId", "");
+        put!("version", twin.version);
         if module.is_none() {
-            put("capabilities", &|| json!({"iotEdge": self.iot_edge}));
-            if let Some(s) = &self.scopes.device_scope {
-                put("deviceScope", &|| json!(s));
+            put!("capabilities", Capabilities { iot_edge: device.iot_edge });
+            if let Some(scope) = &device.scopes.device_scope {
+                put!("deviceScope", scope);
             }
-            if !self.scopes.parent_scopes.is_empty() {
-                put("parentScopes", &|| json!(self.scopes.parent_scopes));
+            if !device.scopes.parent_scopes.is_empty() {
+                put!("parentScopes", device.scopes.parent_scopes);
             }
         }
         if !twin.configurations.get().is_empty() {
-            put("configurations", &|| super::config::render_marks(twin.configurations.get()));
+            put!("configurations", super::config::render_marks(twin.configurations.get()));
         }
-        put("tags", &|| Value::Object(twin.tags.root().to_map()));
-        put("properties", &|| twin.properties());
-        Value::Object(v)
+        put!("tags", MembersOf(twin.tags.root()));
+        put!("properties", Properties(twin));
+        map.end()
+    }
+}
+
+#[derive(Serialize)]
+struct Thumbprints<'a> {
+    #[serde(rename = "primaryThumbprint")]
+    primary: &'a Option<Box<str>>,
+    #[serde(rename = "secondaryThumbprint")]
+    secondary: &'a Option<Box<str>>,
+}
+
+#[derive(Serialize)]
+struct Capabilities {
+    #[serde(rename = "iotEdge")]
+    iot_edge: bool,
+}
+
+/// The device view of a twin: `{"desired", "reported"}`, each with `$metadata` and `$version`.
+struct Properties<'a>(&'a TwinDoc);
+
+impl Serialize for Properties<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let t = self.0;
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry(
+            "desired",
+            &Section { node: t.desired.root(), version: t.desired_version, with_version: true },
+        )?;
+        map.serialize_entry(
+            "reported",
+            &Section { node: t.reported.root(), version: t.reported_version, with_version: false },
+        )?;
+        map.end()
     }
 }
 
@@ -334,6 +383,12 @@ impl<'a> TwinRef<'a> {
     /// The whole twin document.
     pub fn render(&self) -> Value {
         self.device.render_twin(self.device_id, self.module)
+    }
+
+    /// The whole twin document as JSON text, written straight from the packed twin: the same bytes as
+    /// rendering [`TwinRef::render`] would give, without building that tree.
+    pub fn render_text(&self) -> JsonText {
+        JsonText::of(&TwinView { twin: *self, want: &|_| true })
     }
 
     /// The ids and the top-level members `want` accepts.

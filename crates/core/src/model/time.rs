@@ -9,14 +9,32 @@ const NEVER_TEXT: &str = "0001-01-01T00:00:00Z";
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC, milliseconds), as IoT Hub's `$lastUpdated`. Times before the unix
 /// epoch cannot come from a proposer's clock, so they render as "never set" rather than as odd dates.
 pub fn format_ms(ms: i64) -> String {
-    if ms < 0 {
-        return NEVER_TEXT.to_string();
+    Timestamp(ms).to_string()
+}
+
+/// [`format_ms`] as a `Display`: a renderer writes it into its output without a `String` of its own
+/// (every twin it renders has a `$lastUpdated` per member).
+#[derive(Clone, Copy, Debug)]
+pub struct Timestamp(pub i64);
+
+impl std::fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0;
+        if ms < 0 {
+            return f.write_str(NEVER_TEXT);
+        }
+        let days = ms.div_euclid(86_400_000);
+        let in_day = ms.rem_euclid(86_400_000);
+        let (y, m, d) = civil_from_days(days);
+        let (h, min, s, milli) = (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
+        write!(f, "{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
     }
-    let days = ms.div_euclid(86_400_000);
-    let in_day = ms.rem_euclid(86_400_000);
-    let (y, m, d) = civil_from_days(days);
-    let (h, min, s, milli) = (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// Howard Hinnant's `civil_from_days`: proleptic Gregorian date of a day count since 1970-01-01.
