@@ -371,9 +371,9 @@ impl<'a> NodeRef<'a> {
     }
 }
 
-/// Renders a view through serde into a tree. The views below cannot fail to serialize (their map keys
-/// are strings), so the `Null` fallback is never taken.
-fn to_value(view: &impl Serialize) -> Value {
+/// Renders a view through serde into a tree. The views (these and the twin's in `registry`) cannot
+/// fail to serialize (their map keys are strings), so the `Null` fallback is never taken.
+pub(super) fn to_value(view: &impl Serialize) -> Value {
     serde_json::to_value(view).unwrap_or(Value::Null)
 }
 

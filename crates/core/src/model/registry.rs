@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::command::{AuthSpec, RequestId, Status};
 use super::etag::etag_text;
 use super::json_text::JsonText;
-use super::packed::{MembersOf, Packed, Section};
+use super::packed::{to_value, MembersOf, Packed, Section};
 use super::time::{format_ms, Timestamp, NEVER};
 
 /// What devices and modules share: authentication, connection state, identity etag.
@@ -175,7 +175,7 @@ impl TwinDoc {
 
     /// The device view: `{"desired", "reported"}` with `$metadata` and `$version`.
     pub fn properties(&self) -> Value {
-        serde_json::to_value(Properties(self)).unwrap_or(Value::Null)
+        to_value(&Properties(self))
     }
 }
 
@@ -263,8 +263,7 @@ impl DeviceEntry {
         module: Option<(&str, &ModuleEntry)>,
         want: &dyn Fn(&str) -> bool,
     ) -> Value {
-        let view = TwinView { twin: TwinRef { device_id, device: self, module }, want };
-        serde_json::to_value(view).unwrap_or(Value::Null)
+        to_value(&TwinView { twin: TwinRef { device_id, device: self, module }, want })
     }
 }
 
