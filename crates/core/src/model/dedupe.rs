@@ -10,7 +10,7 @@
 //! moved on gets the entity's current document.
 
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use super::command::RequestId;
 use super::error::TwinError;
@@ -48,11 +48,15 @@ pub enum Remembered {
     BulkDone(usize),
 }
 
+/// The order lives in the queue; the map only answers "seen?", once per applied command on every
+/// replica. A hash map does that in one probe; a B-tree of ten thousand random 128-bit ids walks
+/// several nodes that are rarely in cache, which the write path's profile showed as 3.5 % of the
+/// nodes' CPU. Nothing iterates the maps, so their order cannot make replicas differ.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(from = "Vec<(RequestId, Remembered)>", into = "Vec<(RequestId, Remembered)>")]
 pub struct Dedupe {
     order: VecDeque<RequestId>,
-    outcomes: BTreeMap<RequestId, Remembered>,
+    outcomes: HashMap<RequestId, Remembered>,
 }
 
 impl Dedupe {
@@ -88,7 +92,7 @@ pub const REPLY_BYTES: usize = 4 << 20;
 #[serde(from = "Vec<(RequestId, JsonText)>", into = "Vec<(RequestId, JsonText)>")]
 pub struct RecentReplies {
     order: VecDeque<(RequestId, usize)>,
-    docs: BTreeMap<RequestId, JsonText>,
+    docs: HashMap<RequestId, JsonText>,
     bytes: usize,
 }
 
