@@ -434,13 +434,19 @@ impl Shards {
 
     /// The cluster map as this node applied it. A single-node hub answers a map of itself.
     pub fn map(&self) -> ClusterMap {
+        self.with_map(ClusterMap::clone)
+    }
+
+    /// `f` of the cluster map, read in place: routing asks it for one shard's replicas on every
+    /// request, where a copy of the whole map cost more than the answer.
+    fn with_map<R>(&self, f: impl FnOnce(&ClusterMap) -> R) -> R {
         match &self.meta {
-            Some(m) => m.read_local(|s| s.cluster.clone()),
+            Some(m) => m.read_local(|s| f(&s.cluster)),
             None => {
                 let mut map = ClusterMap::default();
                 let members = BTreeMap::from([(self.node_id, String::new())]);
                 let _ = map.apply(&ClusterOp::Init { shard_count: self.shard_count, rf: 1, members });
-                map
+                f(&map)
             }
         }
     }
@@ -453,7 +459,7 @@ impl Shards {
             Some(s) => s.leader(),
             None => self.hints.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied(),
         };
-        Route { leader, replicas: self.map().replicas(shard), hosted: local.is_some() }
+        Route { leader, replicas: self.with_map(|m| m.replicas(shard)), hosted: local.is_some() }
     }
 
     /// Remembers who leads a shard this node does not replicate.
