@@ -87,7 +87,7 @@ impl Nonce {
     }
 
     pub fn to_hex(self) -> String {
-        hex(&self.0)
+        String::from_utf8_lossy(hex_into(&self.0, &mut [0u8; 32])).into_owned()
     }
 
     fn from_hex(s: &str) -> Option<Nonce> {
@@ -190,10 +190,12 @@ impl ClusterSecret {
         headers.insert(NAME_TS, HeaderValue::from(e.ts));
         headers.insert(NAME_BODY_LEN, HeaderValue::from(e.body.len));
         // Hex and base64 are always valid header values.
-        let hex_nonce = hex_into(&e.nonce.0, &mut [0u8; 32]).to_vec();
-        let hex_sha = hex_into(&e.body.sha256, &mut [0u8; 64]).to_vec();
-        for (name, value) in [(NAME_NONCE, hex_nonce), (NAME_BODY_SHA256, hex_sha), (NAME_SIG, sig.into_bytes())] {
-            if let Ok(v) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        for (name, value) in [
+            (NAME_NONCE, hex_into(&e.nonce.0, &mut [0u8; 32])),
+            (NAME_BODY_SHA256, hex_into(&e.body.sha256, &mut [0u8; 64])),
+            (NAME_SIG, sig.as_bytes()),
+        ] {
+            if let Ok(v) = HeaderValue::from_bytes(value) {
                 headers.insert(name, v);
             }
         }
@@ -308,13 +310,6 @@ fn header<'a>(headers: &'a HeaderMap, name: &HeaderName, label: &'static str) ->
 /// This node's clock in Unix milliseconds (0 if the clock is before 1970).
 pub fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    let mut out = vec![0u8; bytes.len() * 2];
-    hex_into(bytes, &mut out);
-    // Hex digits are ASCII.
-    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Lower-case hex of `bytes` into `out` (twice as long), without allocating.
