@@ -1,13 +1,14 @@
-//! One shard's handle: its Raft group and applied state, the proposer that hands pipelined writes to
-//! Raft in call order, and linearizable reads (a local read index, or the leader's over the transport).
+//! One shard's handle: its Raft group and applied state, pipelined writes handed to Raft in call
+//! order, and linearizable reads (a local read index, or the leader's over the transport).
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ReadPolicy;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::error::{fatal_error, write_error, ShardError};
 use super::state_machine::SharedState;
@@ -33,8 +34,9 @@ pub struct Shard {
     pub(super) state: SharedState,
     /// Progress toward its next snapshot (see [`Shards::snapshot_heavy_groups`](super::Shards)).
     pub(super) work: Arc<crate::storage::state_machine::SnapshotWork>,
-    /// Pipelined proposals, in call order, to the task that hands them to Raft. `None` once shut down.
-    pub(super) proposals: Mutex<Option<mpsc::UnboundedSender<(Command, Reply)>>>,
+    /// Set when the node closes the replica (shutdown, or the shard moved away): later pipelined
+    /// proposals are refused at once instead of reaching a group that is stopping.
+    pub(super) closed: AtomicBool,
 }
 
 impl Shard {
@@ -48,17 +50,32 @@ impl Shard {
         }
     }
 
-    /// Proposes without waiting: commands proposed in this order are applied in this order, and
-    /// `reply` receives the outcome after commit. This is how twin actors pipeline.
-    pub fn write_pipelined(&self, cmd: Command, reply: tokio::sync::oneshot::Sender<Result<Applied, ShardError>>) {
-        let tx = self.proposals.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(tx) = tx else {
+    /// Proposes without waiting for the commit: `reply` receives the outcome after commit and apply.
+    /// This is how twin actors pipeline. It returns once the proposal is queued in Raft's input
+    /// channel, so commands proposed one after the other (each call awaited, as an actor does) are
+    /// applied in that order; a full channel holds the caller back.
+    pub async fn write_pipelined(&self, cmd: Command, reply: Reply) {
+        if self.closed.load(Ordering::Acquire) {
             let _ = reply.send(Err(ShardError::ShuttingDown { shard: self.id }));
             return;
-        };
-        if let Err(mpsc::error::SendError((_, reply))) = tx.send((cmd, reply)) {
-            let _ = reply.send(Err(ShardError::ShuttingDown { shard: self.id }));
         }
+        let shard = self.id;
+        let raft = self.raft.clone();
+        let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
+            let out = match res {
+                Some(Ok(resp)) => Ok(resp.data),
+                Some(Err(e)) => Err(write_error(shard, e)),
+                None => Err(Shard::stopped_error(&raft, shard)),
+            };
+            let _ = reply.send(out);
+        });
+        // On a fatal error the responder is dropped unanswered and reports why itself.
+        let _ = self.raft.client_write_ff(Arc::new(cmd), Some(responder)).await;
+    }
+
+    /// Refuses every later pipelined proposal (see [`Shard::write_pipelined`]).
+    pub(super) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
     }
 
     /// A linearizable read of the applied state: on the leader a read index; on a follower the
@@ -179,23 +196,6 @@ impl Shard {
         match &raft.metrics().borrow_watched().running_state {
             Err(f) => fatal_error(shard, f),
             Ok(()) => ShardError::ShuttingDown { shard },
-        }
-    }
-
-    /// Hands pipelined proposals to Raft one after the other, so Raft sees them in call order.
-    pub(super) async fn run_proposer(shard: ShardId, raft: Raft, mut rx: mpsc::UnboundedReceiver<(Command, Reply)>) {
-        while let Some((cmd, reply)) = rx.recv().await {
-            let r = raft.clone();
-            let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
-                let out = match res {
-                    Some(Ok(resp)) => Ok(resp.data),
-                    Some(Err(e)) => Err(write_error(shard, e)),
-                    None => Err(Shard::stopped_error(&r, shard)),
-                };
-                let _ = reply.send(out);
-            });
-            // On a fatal error the responder is dropped unanswered and reports why itself.
-            let _ = raft.client_write_ff(Arc::new(cmd), Some(responder)).await;
         }
     }
 }

@@ -35,7 +35,6 @@ use std::time::Duration;
 use openraft::async_runtime::watch::WatchReceiver;
 use openraft::error::{Fatal, InitializeError, RaftError};
 use openraft::SnapshotPolicy;
-use tokio::sync::mpsc;
 
 use crate::cluster::map::{ClusterMap, ClusterOp};
 use crate::ids::{NodeId, ShardId};
@@ -361,8 +360,6 @@ impl Shards {
                 }
             }
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(Shard::run_proposer(id, raft.clone(), rx));
         let shard = Arc::new(Shard {
             id,
             node_id: self.node_id,
@@ -370,7 +367,7 @@ impl Shards {
             transport: self.config.transport.clone(),
             state,
             work,
-            proposals: Mutex::new(Some(tx)),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         if id != META {
             self.groups.write().unwrap_or_else(|e| e.into_inner()).insert(id, shard.clone());
@@ -400,7 +397,7 @@ impl Shards {
         if let Some(t) = &self.config.transport {
             t.groups().unregister(id);
         }
-        shard.proposals.lock().unwrap_or_else(|e| e.into_inner()).take();
+        shard.close();
         if let Err(e) = shard.raft.shutdown().await {
             tracing::warn!(shard = id, "raft shutdown: {e}");
         }
@@ -587,7 +584,7 @@ impl Shards {
             if let Some(t) = &shard.transport {
                 t.groups().unregister(shard.id);
             }
-            shard.proposals.lock().unwrap_or_else(|e| e.into_inner()).take();
+            shard.close();
             if let Err(e) = shard.raft.shutdown().await {
                 tracing::warn!(shard = shard.id, "raft shutdown: {e}");
             }

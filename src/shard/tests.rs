@@ -92,7 +92,7 @@ async fn writes_survive_reopen_and_versions_continue() {
     let mut rxs = Vec::new();
     for n in 1..=20 {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        shards.local(shards.shard_of("dev-a")).unwrap().write_pipelined(report("dev-a", n), tx);
+        shards.local(shards.shard_of("dev-a")).unwrap().write_pipelined(report("dev-a", n), tx).await;
         rxs.push(rx);
     }
     let mut versions = Vec::new();
@@ -166,7 +166,7 @@ async fn writes_after_shutdown_fail_cleanly() {
     let shards = Shards::open(config(dir.path(), 1, 10_000)).await.expect("open");
     shards.shutdown().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    shards.local(0).unwrap().write_pipelined(report("x", 1), tx);
+    shards.local(0).unwrap().write_pipelined(report("x", 1), tx).await;
     assert!(matches!(rx.await.expect("answered"), Err(super::ShardError::ShuttingDown { .. })));
     assert!(shards.local(0).unwrap().write(report("x", 2)).await.is_err());
 }
@@ -182,7 +182,7 @@ async fn storage_failure_stops_the_shard_instead_of_acknowledging() {
     let err = shard.write(report("dev-f", 1)).await.expect_err("must not acknowledge");
     assert!(matches!(err, super::ShardError::Storage { .. }), "{err:?}");
     let (tx, rx) = tokio::sync::oneshot::channel();
-    shard.write_pipelined(report("dev-f", 2), tx);
+    shard.write_pipelined(report("dev-f", 2), tx).await;
     let err = rx.await.expect("answered").expect_err("must not acknowledge");
     assert!(matches!(err, super::ShardError::Storage { .. }), "{err:?}");
     // Nothing of the failed writes was applied.

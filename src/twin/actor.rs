@@ -55,7 +55,7 @@ impl Actor for TwinActor {
                     let _ = reply.send(Ok(rejected));
                     return Ok(());
                 }
-                state.shard.write_pipelined(cmd, reply);
+                state.shard.write_pipelined(cmd, reply).await;
             }
         }
         Ok(())
