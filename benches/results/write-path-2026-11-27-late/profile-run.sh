@@ -1,6 +1,6 @@
 #!/bin/bash
-# Profile of a 3-node cluster under the closed-loop PATCH load, with syscall counts.
-#   SC=16 CLIENT=path/to/twinhub-bench profile-run.sh path/to/twinhub LABEL [node-option ...]
+# Profile of a 3-node cluster under PATCH load (closed loop, or RATE updates/s), with syscall counts.
+#   [RATE=200] SC=16 CLIENT=path/to/twinhub-bench profile-run.sh path/to/twinhub LABEL [node-option ...]
 # Leaves /tmp/pf-LABEL/{run.txt,stat.txt,perf.data}; fold with
 #   perf script -i /tmp/pf-LABEL/perf.data | inferno-collapse-perf --all > LABEL.folded
 BIN=$1; L=$2; shift 2
@@ -9,7 +9,7 @@ D=/tmp/pf-$L; rm -rf $D
 OPTS=""; for o in "$@"; do OPTS="$OPTS --node-option $o"; done
 timeout 60 $BIN cluster up --nodes 3 --shard-count ${SC:-16} --dir $D $OPTS >/dev/null 2>&1 || { echo "cluster up failed"; exit 1; }
 PIDS=$(pgrep -f "twinhub serve.*$D/" | paste -sd,)
-timeout 300 $CLIENT run --cluster $D/cluster.json --devices 0 --twins 10000 --mix patch=100 --concurrency 64 \
+timeout 300 $CLIENT run --cluster $D/cluster.json --devices 0 --twins 10000 --mix patch=100 --concurrency 64 ${RATE:+--rate $RATE} \
   --duration 40 --out $D/run.json > $D/run.txt 2>$D/run.log &
 B=$!
 sleep 18
