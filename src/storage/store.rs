@@ -91,13 +91,39 @@ fn log_options() -> KeyspaceCreateOptions {
     ))
 }
 
+/// Nice value of fjall's own threads, which flush memtables and compact in the background.
+///
+/// Every replica of a shard receives the same entries, so the three nodes fill their log memtables
+/// in step and flush them within the same fraction of a second: on a busy machine that burst took
+/// CPU from the threads serving requests, and the seconds with it were the slowest of a run. At a
+/// lower priority the flush still gets every idle cycle and a share under contention, but yields
+/// to request work when both want a core (like RocksDB's lowered priority for its compaction
+/// threads). Background work only: nothing that acknowledges a write runs in these threads, and
+/// the group-commit writer keeps the default priority. Measured in benches/README.md.
+pub const BACKGROUND_NICE: i32 = 10;
+
+/// Opens the database from a short-lived thread running at [`BACKGROUND_NICE`]: the workers fjall
+/// starts while opening are spawned by that thread and inherit its priority (Linux keeps a nice value
+/// per thread), so no later thread of the node is affected. Raising one's own nice value needs no
+/// privilege; if it fails anyway, the database opens at the default priority.
+fn open_in_background(dir: &Path) -> io::Result<Database> {
+    let dir = dir.to_path_buf();
+    let opener = std::thread::Builder::new().name("raft-db-open".into()).spawn(move || {
+        if let Err(e) = rustix::process::setpriority_process(None, BACKGROUND_NICE) {
+            tracing::warn!(error = %e, "could not lower the priority of fjall's background threads");
+        }
+        Database::builder(&dir).open().map_err(io_err)
+    })?;
+    opener.join().map_err(|_| io::Error::other("opening the raft database panicked"))?
+}
+
 impl Store {
     /// Opens (or creates) the database in `dir` and starts its writer thread.
     pub fn open(dir: &Path) -> io::Result<Store> {
         crate::secrets::create_dir_durably(dir, |d| std::fs::create_dir_all(d))?;
         // fjall's default hands every batch to the OS (one write syscall per group-commit batch); the
         // fsync that makes it durable is the group-commit writer's.
-        let db = Database::builder(dir).open().map_err(io_err)?;
+        let db = open_in_background(dir)?;
         let log = db.keyspace("log", log_options).map_err(io_err)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default).map_err(io_err)?;
         // fjall creates each keyspace's directory under `keyspaces/` without an fsync of `keyspaces/`
@@ -206,6 +232,47 @@ mod tests {
         let mut keys = vec![log_key(1, 0), log_key(0, u64::MAX), log_key(0, 256), log_key(0, 1)];
         keys.sort();
         assert_eq!(keys, vec![log_key(0, 1), log_key(0, 256), log_key(0, u64::MAX), log_key(1, 0)]);
+    }
+
+    /// `(thread name, nice value)` of every thread of this process.
+    fn threads() -> Vec<(String, i32)> {
+        let mut out = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
+            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+            // After the name: state is the first field, the nice value the seventeenth.
+            let nice = stat[close + 2..].split_whitespace().nth(16).and_then(|n| n.parse().ok());
+            out.extend(nice.map(|n| (stat[open + 1..close].to_string(), n)));
+        }
+        out
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn fjall_background_threads_run_at_a_lower_priority_and_nothing_else_does() {
+        let own = rustix::process::getpriority_process(None).expect("own priority");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        // A thread names itself once it runs: give fjall's workers a moment to.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let workers = loop {
+            let workers: Vec<i32> =
+                threads().into_iter().filter(|(name, _)| name.starts_with("fjall:")).map(|(_, n)| n).collect();
+            if !workers.is_empty() || std::time::Instant::now() > deadline {
+                break workers;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert!(!workers.is_empty(), "no fjall worker thread found");
+        assert!(workers.iter().all(|&n| n == BACKGROUND_NICE), "fjall workers' nice values: {workers:?}");
+        assert_eq!(
+            rustix::process::getpriority_process(None).expect("own priority"),
+            own,
+            "the caller's priority changed"
+        );
+        let writer = threads().into_iter().find(|(name, _)| name.starts_with("raft-group-comm")).map(|(_, n)| n);
+        assert_eq!(writer, Some(own), "the group-commit writer must keep the default priority");
+        store.writer.stop().await.expect("stop");
     }
 
     #[tokio::test]
