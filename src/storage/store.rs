@@ -238,11 +238,10 @@ mod tests {
     fn threads() -> Vec<(String, i32)> {
         let mut out = Vec::new();
         for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
-            let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-            let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-            // After the name: state is the first field, the nice value the seventeenth.
-            let nice = stat[close + 2..].split_whitespace().nth(16).and_then(|n| n.parse().ok());
-            out.extend(nice.map(|n| (stat[open + 1..close].to_string(), n)));
+            let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else { continue };
+            let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else { continue };
+            let nice = rustix::process::getpriority_process(rustix::process::Pid::from_raw(tid));
+            out.extend(nice.ok().map(|n| (name.trim_end().to_string(), n)));
         }
         out
     }
