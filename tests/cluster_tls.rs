@@ -31,7 +31,7 @@ where
     let (mut sender, conn) =
         http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.map_err(|e| format!("h2 handshake: {e}"))?;
     tokio::spawn(conn);
-    let req = hyper::Request::post("http://node/cluster/v2/call/node.status")
+    let req = hyper::Request::post("http://node/cluster/v3/call/node.status")
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| format!("request: {e}"))?;

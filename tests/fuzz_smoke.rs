@@ -735,9 +735,21 @@ mod seeds {
             leader_commit: Some(log_id(9)),
         };
         let append = wire::encode(&ShardRequest { shard: 1, rpc: append }).expect("encode");
-        let mut headers = b"2\n".to_vec();
-        headers.extend_from_slice(format!("{}\n", NOW_SECS * 1000).as_bytes());
-        headers.extend_from_slice(b"q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJA=\n");
+        // The signature header of a vote from node 2, valid for the fuzz target's secret and clock,
+        // then the body: mutations start past the MAC.
+        use twinhub::cluster::transport::auth::{self, BodyDigest, ClusterSecret, Direction, Envelope, Nonce};
+        let envelope = Envelope {
+            direction: Direction::Request { method: "POST" },
+            path: "/cluster/v3/raft/append",
+            node: 2,
+            ts: NOW_SECS as u64 * 1000,
+            nonce: Nonce([0x5a; 16]),
+            body: BodyDigest::of(&body),
+        };
+        let mut signed = hyper::HeaderMap::new();
+        ClusterSecret::new(b"fuzz cluster secret").expect("secret").sign_headers(&mut signed, &envelope);
+        let mut headers = signed.get(auth::HEADER_AUTH).expect("signed").as_bytes().to_vec();
+        headers.push(b'\n');
         headers.extend_from_slice(&body);
         let batch = wire::encode_append_batch(37, &[&append, &body]).expect("encode");
         let batch_answer: Vec<Result<bytes::Bytes, RpcFailure>> =
@@ -756,7 +768,7 @@ mod seeds {
             ("map_write_json", serde_json::to_vec(&cmd).expect("encode")),
             ("event_tail", postcard::to_allocvec(&(2u32, Some(17u64))).expect("encode")),
             ("join_json", br#"[4,"10.0.0.4:7000"]"#.to_vec()),
-            ("endpoint", b"/cluster/v2/call/twin.write".to_vec()),
+            ("endpoint", b"/cluster/v3/call/twin.write".to_vec()),
             ("signed_vote", headers),
         ]
     }

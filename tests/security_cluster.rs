@@ -34,7 +34,7 @@ use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body, Frame};
 use hyper::client::conn::http2;
-use hyper::header::{HeaderName, HeaderValue};
+use hyper::header::HeaderValue;
 use hyper::{HeaderMap, Method, Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
@@ -42,15 +42,9 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 
 const SHARDS: u32 = 2;
-const STATUS_PATH: &str = "/cluster/v2/call/node.status";
-const SIGNATURE_HEADERS: [&str; 6] = [
-    "x-twinhub-node",
-    "x-twinhub-ts",
-    "x-twinhub-nonce",
-    "x-twinhub-body-len",
-    "x-twinhub-body-sha256",
-    "x-twinhub-sig",
-];
+const STATUS_PATH: &str = "/cluster/v3/call/node.status";
+/// The one header that carries a message's signed fields and MAC.
+const AUTH_HEADER: &str = "x-twinhub-auth";
 /// Generous: a debug build on a loaded 2-core machine.
 const IO_WAIT: Duration = Duration::from_secs(30);
 
@@ -62,53 +56,48 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// The 72 signed bytes: node id, timestamp, nonce and body length (big-endian), and the body's SHA-256.
+fn fields(node: u64, ts: u64, nonce: &[u8; 16], body_len: u64, body_sha256: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(72);
+    f.extend_from_slice(&node.to_be_bytes());
+    f.extend_from_slice(&ts.to_be_bytes());
+    f.extend_from_slice(nonce);
+    f.extend_from_slice(&body_len.to_be_bytes());
+    f.extend_from_slice(body_sha256);
+    f
 }
 
-/// `base64(HMAC-SHA256(secret, domain \n verb \n path \n node \n ts \n nonce \n len \n sha256 \n))`;
-/// `head` holds the first six fields.
-fn mac(secret: &str, head: [&str; 6], body: &[u8]) -> String {
+/// `HMAC-SHA256(secret, domain \n verb \n path \n fields)`.
+fn mac(secret: &str, domain: &str, verb: &str, path: &str, fields: &[u8]) -> Vec<u8> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("hmac key");
-    let sha = hex(&Sha256::digest(body));
-    m.update(format!("{}\n{}\n{sha}\n", head.join("\n"), body.len()).as_bytes());
-    B64.encode(m.finalize().into_bytes())
+    m.update(format!("{domain}\n{verb}\n{path}\n").as_bytes());
+    m.update(fields);
+    m.finalize().into_bytes().to_vec()
 }
 
-fn insert(h: &mut HeaderMap, name: &'static str, value: String) {
-    h.insert(HeaderName::from_static(name), HeaderValue::from_str(&value).expect("header value"));
+/// The header value: base64 of the fields followed by the MAC.
+fn auth_value(fields: &[u8], mac: &[u8]) -> HeaderValue {
+    HeaderValue::from_str(&B64.encode([fields, mac].concat())).expect("header value")
 }
 
-/// The headers of a request from member `node`, signed over `signed_body`; returns them and the nonce.
-fn signed_request(secret: &str, node: u64, path: &str, signed_body: &[u8]) -> (HeaderMap, String) {
-    let ts = unix_ms();
-    let nonce = hex(&rand::random::<[u8; 16]>());
+/// The header of a request from member `node`, signed over `signed_body`; returns it and the nonce.
+fn signed_request(secret: &str, node: u64, path: &str, signed_body: &[u8]) -> (HeaderMap, [u8; 16]) {
+    let nonce = rand::random::<[u8; 16]>();
+    let f = fields(node, unix_ms(), &nonce, signed_body.len() as u64, &Sha256::digest(signed_body));
     let mut h = HeaderMap::new();
-    insert(&mut h, "x-twinhub-node", node.to_string());
-    insert(&mut h, "x-twinhub-ts", ts.to_string());
-    insert(&mut h, "x-twinhub-nonce", nonce.clone());
-    insert(&mut h, "x-twinhub-body-len", signed_body.len().to_string());
-    insert(&mut h, "x-twinhub-body-sha256", hex(&Sha256::digest(signed_body)));
-    insert(
-        &mut h,
-        "x-twinhub-sig",
-        mac(secret, ["twinhub-req-v2", "POST", path, &node.to_string(), &ts.to_string(), &nonce], signed_body),
-    );
+    h.insert(AUTH_HEADER, auth_value(&f, &mac(secret, "twinhub-req-v3", "POST", path, &f)));
     (h, nonce)
 }
 
-/// Whether an answer is signed by `node` as the answer, with `status`, to the request with `nonce`.
-fn is_answer_to(secret: &str, a: &Answer, path: &str, node: u64, nonce: &str) -> bool {
-    let get = |n: &str| a.headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let ts: u64 = get("x-twinhub-ts").parse().unwrap_or(0);
-    get("x-twinhub-node") == node.to_string()
-        && get("x-twinhub-nonce") == nonce
-        && get("x-twinhub-sig")
-            == mac(
-                secret,
-                ["twinhub-resp-v2", a.status.as_str(), path, &node.to_string(), &ts.to_string(), nonce],
-                &a.body,
-            )
+/// Whether an answer is signed by `node` as the answer, with its status, to the request with `nonce`.
+fn is_answer_to(secret: &str, a: &Answer, path: &str, node: u64, nonce: &[u8; 16]) -> bool {
+    let Some(raw) = a.headers.get(AUTH_HEADER).and_then(|v| B64.decode(v.as_bytes()).ok()) else { return false };
+    if raw.len() != 104 {
+        return false;
+    }
+    let ts = u64::from_be_bytes(raw[8..16].try_into().expect("8 bytes"));
+    let want = fields(node, ts, nonce, a.body.len() as u64, &Sha256::digest(&a.body));
+    raw[..72] == want[..] && raw[72..] == mac(secret, "twinhub-resp-v3", a.status.as_str(), path, &want)[..]
 }
 
 struct Answer {
@@ -118,8 +107,13 @@ struct Answer {
 }
 
 impl Answer {
-    fn signature_headers(&self) -> Vec<&'static str> {
-        SIGNATURE_HEADERS.into_iter().filter(|h| self.headers.contains_key(*h)).collect()
+    /// Our headers other than the protocol version: a signature of this version or of an older one.
+    fn signature_headers(&self) -> Vec<&str> {
+        self.headers
+            .keys()
+            .map(|k| k.as_str())
+            .filter(|k| k.starts_with("x-twinhub-") && *k != "x-twinhub-proto")
+            .collect()
     }
 
     fn assert_unsigned_refusal(&self, what: &str) {
@@ -223,10 +217,10 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     // (a) An unauthenticated POST: refused, unsigned, with only a failure code in the body.
     let a = send(n1, STATUS_PATH, &HeaderMap::new(), Bytes::new()).await;
     a.assert_unsigned_refusal("unauthenticated node.status");
-    assert_eq!(a.headers.get("x-twinhub-proto").map(|v| v.as_bytes()), Some(&b"2"[..]));
+    assert_eq!(a.headers.get("x-twinhub-proto").map(|v| v.as_bytes()), Some(&b"3"[..]));
     assert_eq!(&a.body[..], b"\x00", "only the 'unauthorized' code");
-    // The old, version 1, path is refused as another protocol version, also unsigned.
-    let old = send(n1, "/cluster/v1/call/node.status", &HeaderMap::new(), Bytes::new()).await;
+    // The previous version's path is refused as another protocol version, also unsigned.
+    let old = send(n1, "/cluster/v2/call/node.status", &HeaderMap::new(), Bytes::new()).await;
     assert_eq!(old.status, StatusCode::BAD_REQUEST);
     assert!(old.signature_headers().is_empty());
     eprintln!("(a) unauthenticated request: {} without signature headers", a.status);
@@ -279,9 +273,10 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
         let headers = if i % 2 == 0 {
             HeaderMap::new()
         } else {
-            let (mut h, _) = signed_request(&secret, 2, STATUS_PATH, b"");
-            insert(&mut h, "x-twinhub-body-len", UPLOAD_BYTES.to_string());
-            insert(&mut h, "x-twinhub-sig", B64.encode([7u8; 32]));
+            // A member's fields declaring the whole upload, under a MAC that does not match.
+            let f = fields(2, unix_ms(), &rand::random(), UPLOAD_BYTES, &[0u8; 32]);
+            let mut h = HeaderMap::new();
+            h.insert(AUTH_HEADER, auth_value(&f, &[7u8; 32]));
             h
         };
         tokio::spawn(bogus_upload(n1, headers))

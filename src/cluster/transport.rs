@@ -8,8 +8,8 @@
 //! - [`listen`]: [`serve`] runs it on a bound listener, under the listener's connection gate.
 //! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
 //! - [`batch`]: every group's AppendEntries to one peer share a call when they queue up.
-//! - [`wire`]: endpoints (`POST /cluster/v2/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
-//!   `POST /cluster/v2/call/{name}`), the protocol version and postcard envelopes.
+//! - [`wire`]: endpoints (`POST /cluster/v3/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
+//!   `POST /cluster/v3/call/{name}`), the protocol version and postcard envelopes.
 //! - [`auth`]: request and response signatures; [`replay`]: the receiver's nonce cache.
 //!
 //! # Deadlines
@@ -20,9 +20,9 @@
 //! (`Unreachable` for openraft) until the backoff ends, instead of each waiting for a timeout.
 //!
 //! # Authentication, and what it does not do
-//! Members share a cluster secret. Every request carries the sender's node id, a timestamp, a fresh
-//! 128-bit nonce, the body's length and SHA-256, and an HMAC-SHA256 over those, the method and the
-//! path, in a request-only domain (see [`auth`]). A receiver checks the header MAC (constant time) and
+//! Members share a cluster secret. Every request carries, in one header, the sender's node id, a
+//! timestamp, a fresh 128-bit nonce, the body's length and SHA-256, and an HMAC-SHA256 over those, the
+//! method and the path, in a request-only domain (see [`auth`]). A receiver checks the header MAC (constant time) and
 //! the clock skew (60 s) before it reads any body byte, refuses a nonce it has seen from that sender
 //! within the skew window ([`replay`]), then reads at most the declared length and compares the digest.
 //! Refusals are unsigned. An answer to an authenticated request is signed in a response-only domain

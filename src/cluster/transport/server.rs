@@ -4,7 +4,7 @@
 //!
 //! Order of checks, cheapest and least trusting first, and nothing read before it is needed:
 //! 1. method and path (and the protocol version in it);
-//! 2. signature headers: presence, syntax, clock skew, then the MAC over the headers (constant time),
+//! 2. the signature header: presence, syntax, clock skew, then the MAC over it (constant time),
 //!    which covers the body's declared length and digest;
 //! 3. the nonce against the replay cache ([`NonceCache`]);
 //! 4. only now the body: at most its declared length (itself at most the endpoint's limit), within
@@ -72,7 +72,7 @@ pub struct CallError(pub String);
 
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Bytes, CallError>> + Send>>;
 
-/// A handler of `POST /cluster/v2/call/{name}`: the authenticated caller's node id and the request
+/// A handler of `POST /cluster/v3/call/{name}`: the authenticated caller's node id and the request
 /// bytes in, the answer bytes out.
 pub type CallHandler = Arc<dyn Fn(NodeId, Bytes) -> CallFuture + Send + Sync>;
 

@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http2;
@@ -21,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, SIGNATURE_HEADERS};
+use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, HEADER_AUTH};
 use super::wire::TestCall;
 use super::*;
 use crate::model::{Command, DeviceSpec, Op, Reply};
@@ -273,7 +275,7 @@ struct RawAnswer {
 
 impl RawAnswer {
     fn is_unsigned(&self) -> bool {
-        SIGNATURE_HEADERS.iter().all(|h| !self.headers.contains_key(*h))
+        !self.headers.contains_key(HEADER_AUTH)
     }
 }
 
@@ -346,13 +348,17 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
 
     // Garbage under a bad signature is refused as unauthorized, not as undecodable: nothing was decoded.
     let mut bad = signed(SECRET, 2, &path, unix_ms(), b"\xff\xff\xff garbage");
-    bad.insert(auth::HEADER_SIG, "AAAA".parse().expect("header"));
+    let mut raw = [0u8; auth::AUTH_LEN + 2];
+    let decoded = B64.decode_slice(bad.get(HEADER_AUTH).map(|v| v.as_bytes()).unwrap_or_default(), &mut raw);
+    assert_eq!(decoded.ok(), Some(auth::AUTH_LEN));
+    raw[auth::AUTH_LEN - 1] ^= 1;
+    bad.insert(HEADER_AUTH, B64.encode(&raw[..auth::AUTH_LEN]).parse().expect("header"));
     let answer = raw_post(&node.addr, &path, &bad, b"\xff\xff\xff garbage".to_vec()).await;
     assert_eq!(answer.status, StatusCode::UNAUTHORIZED);
     assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::Unauthorized);
     assert!(answer.is_unsigned());
     // Signed for another path: refused.
-    let other = signed(SECRET, 2, "/cluster/v2/raft/prevote", unix_ms(), &body);
+    let other = signed(SECRET, 2, "/cluster/v3/raft/prevote", unix_ms(), &body);
     assert_eq!(raw_post(&node.addr, &path, &other, body.clone()).await.status, StatusCode::UNAUTHORIZED);
     // A valid header MAC over another body: refused once the body is read, and unsigned.
     let mut tampered = body.clone();
@@ -362,9 +368,9 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     assert!(answer.is_unsigned());
     // Missing headers: refused.
     assert_eq!(raw_post(&node.addr, &path, &HeaderMap::new(), body.clone()).await.status, StatusCode::UNAUTHORIZED);
-    // Version 1 paths: refused as another protocol version.
-    let answer = raw_post(&node.addr, "/cluster/v1/raft/vote", &HeaderMap::new(), body).await;
-    assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::ProtocolVersion { ours: 2 });
+    // The previous version's paths: refused as another protocol version.
+    let answer = raw_post(&node.addr, "/cluster/v2/raft/vote", &HeaderMap::new(), body).await;
+    assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::ProtocolVersion { ours: 3 });
 
     assert_eq!(term(), 0, "a refused request reached Raft");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "a refused call reached its handler");

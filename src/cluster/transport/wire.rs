@@ -1,7 +1,7 @@
 //! What travels between nodes: endpoints, postcard envelopes and the failure body of a refused request.
 //!
-//! One endpoint per RPC kind (`POST /cluster/v2/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`)
-//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v2/call/{name}` for
+//! One endpoint per RPC kind (`POST /cluster/v3/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`)
+//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v3/call/{name}` for
 //! anything else a node asks another (request forwarding). Bodies are postcard: compact, and every
 //! payload of ours is postcard-safe (JSON documents travel as strings).
 //!
@@ -10,7 +10,8 @@
 //! [`HEADER_PROTO`] header of every answer, so nodes of different versions refuse each other at once
 //! and say why ([`RpcFailure::ProtocolVersion`], `TransportError::Protocol`) rather than half-work.
 //! Version 2 signs requests and responses in separate domains, with nonces, and the body's length and
-//! digest in the headers; version 1 nodes cannot talk to it.
+//! digest in the headers; version 1 nodes cannot talk to it. Version 3 carries the same signed fields
+//! in one binary header instead of six text ones (see [`super::auth`]).
 
 use std::borrow::Cow;
 
@@ -22,12 +23,12 @@ use crate::ids::ShardId;
 use crate::storage::types::{SnapshotMeta, Vote};
 
 /// The inter-node protocol this build speaks; bump it with any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Every answer (signed or not) says which protocol version the node speaks, for diagnosis only: it
 /// is not authenticated and decides nothing but the error message.
 pub const HEADER_PROTO: &str = "x-twinhub-proto";
-pub const RAFT_PREFIX: &str = "/cluster/v2/raft/";
-pub const CALL_PREFIX: &str = "/cluster/v2/call/";
+pub const RAFT_PREFIX: &str = "/cluster/v3/raft/";
+pub const CALL_PREFIX: &str = "/cluster/v3/call/";
 /// What every version's paths start with.
 const VERSIONED_PREFIX: &str = "/cluster/v";
 
@@ -69,7 +70,7 @@ impl RaftKind {
     }
 }
 
-/// The generic inter-node calls (`POST /cluster/v2/call/{name}`), each served by one handler. The
+/// The generic inter-node calls (`POST /cluster/v3/call/{name}`), each served by one handler. The
 /// name on the wire is the variant's [`Call::name`]; a name no handler serves (a node of another
 /// release) is answered `no_handler`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -412,14 +413,14 @@ mod tests {
         }
         let call = Endpoint::Call("twin.write".into());
         assert_eq!(Endpoint::parse(&call.path()), Some(call));
-        for bad in ["/cluster/v2/raft/nope", "/cluster/v2/call/", "/cluster/v2/call/a/b", "/cluster/v2/call/%20", "/x"]
+        for bad in ["/cluster/v3/raft/nope", "/cluster/v3/call/", "/cluster/v3/call/a/b", "/cluster/v3/call/%20", "/x"]
         {
             assert_eq!(Endpoint::parse(bad), None, "{bad}");
         }
-        // The version 1 paths are no endpoints any more, and are recognised as another version.
-        assert_eq!(Endpoint::parse("/cluster/v1/call/node.status"), None);
-        assert!(other_version("/cluster/v1/call/node.status") && other_version("/cluster/v3/raft/vote"));
-        assert!(!other_version("/cluster/v2/call/twin.write") && !other_version("/x"));
+        // Earlier versions' paths are no endpoints any more, and are recognised as another version.
+        assert_eq!(Endpoint::parse("/cluster/v2/call/node.status"), None);
+        assert!(other_version("/cluster/v2/call/node.status") && other_version("/cluster/v4/raft/vote"));
+        assert!(!other_version("/cluster/v3/call/twin.write") && !other_version("/x"));
         assert!(
             RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
                 && CALL_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
