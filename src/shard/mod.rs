@@ -187,7 +187,9 @@ impl Shards {
     /// ([`Shards::reconcile`]) follows the map from then on.
     pub async fn open(config: ShardsConfig) -> Result<Arc<Shards>, ShardError> {
         check_layout(&config)?;
-        let store = Arc::new(Store::open(&config.data_dir.join("raft")).map_err(|e| storage_error(0, e))?);
+        let store = Arc::new(
+            Store::open_for_node(&config.data_dir.join("raft"), config.node_id).map_err(|e| storage_error(0, e))?,
+        );
         let raft_config = raft_config(&config)?;
         let router = config.transport.clone().map_or_else(ShardRouter::default, ShardRouter::new);
         let clustered = config.transport.is_some() && (config.members.len() > 1 || config.join.is_some());

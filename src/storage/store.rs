@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::group_commit::{GroupCommit, Item, Space};
 use super::snapshot_files::SnapshotFiles;
 use super::types::{Entry, SnapshotMeta};
-use crate::ids::ShardId;
+use crate::ids::{NodeId, ShardId};
 
 /// Tags of per-shard metadata keys.
 #[derive(Clone, Copy, Debug)]
@@ -76,6 +76,19 @@ fn io_err(e: fjall::Error) -> io::Error {
 /// snapshot.
 const LOG_MEMTABLE_BYTES: u64 = 16 << 20;
 
+/// The log memtable size of node `node`: [`LOG_MEMTABLE_BYTES`] times 0.8, 1.0 or 1.2, by node id.
+///
+/// Every replica of a shard receives the same entries. With one size, the replicas fill their log
+/// memtables in step and flush them in the same fraction of a second, so for that moment a whole
+/// majority is busy flushing and every commit waits for it. With sizes a fifth apart the replicas'
+/// flushes drift apart (at 1,600 updates/s: every 24, 30 and 36 s), and most flushes slow one
+/// replica while the other two still make the majority. Nodes are numbered from 1, so the founding
+/// members of a three-node cluster get all three sizes. fjall records the size when it creates the
+/// keyspace: a node's size is chosen once, with its data directory.
+pub fn log_memtable_bytes(node: NodeId) -> u64 {
+    LOG_MEMTABLE_BYTES * (4 + node % 3) / 5
+}
+
 /// Log entries of at least this many bytes (a bulk registry call's share of a shard, a large twin
 /// write) are kept apart from the keys, in blob files written once when the memtable is flushed;
 /// the LSM tree then compacts only keys and pointers. Entries live until the next snapshot purges
@@ -85,8 +98,8 @@ const LOG_BLOB_BYTES: u32 = 1024;
 
 /// The log keyspace's options. Blobs are not compressed: entries are short-lived and mostly read
 /// back from the cache in memory, so compressing them would cost CPU for disk space held briefly.
-fn log_options() -> KeyspaceCreateOptions {
-    KeyspaceCreateOptions::default().max_memtable_size(LOG_MEMTABLE_BYTES).with_kv_separation(Some(
+fn log_options(memtable_bytes: u64) -> KeyspaceCreateOptions {
+    KeyspaceCreateOptions::default().max_memtable_size(memtable_bytes).with_kv_separation(Some(
         KvSeparationOptions::default().compression(CompressionType::None).separation_threshold(LOG_BLOB_BYTES),
     ))
 }
@@ -120,11 +133,21 @@ fn open_in_background(dir: &Path) -> io::Result<Database> {
 impl Store {
     /// Opens (or creates) the database in `dir` and starts its writer thread.
     pub fn open(dir: &Path) -> io::Result<Store> {
+        Store::open_with_log_memtable(dir, LOG_MEMTABLE_BYTES)
+    }
+
+    /// [`Store::open`] for node `node` of a cluster: its log memtable size is
+    /// [`log_memtable_bytes`]`(node)` if the database is created now.
+    pub fn open_for_node(dir: &Path, node: NodeId) -> io::Result<Store> {
+        Store::open_with_log_memtable(dir, log_memtable_bytes(node))
+    }
+
+    fn open_with_log_memtable(dir: &Path, log_memtable_bytes: u64) -> io::Result<Store> {
         crate::secrets::create_dir_durably(dir, |d| std::fs::create_dir_all(d))?;
         // fjall's default hands every batch to the OS (one write syscall per group-commit batch); the
         // fsync that makes it durable is the group-commit writer's.
         let db = open_in_background(dir)?;
-        let log = db.keyspace("log", log_options).map_err(io_err)?;
+        let log = db.keyspace("log", || log_options(log_memtable_bytes)).map_err(io_err)?;
         let meta = db.keyspace("meta", KeyspaceCreateOptions::default).map_err(io_err)?;
         // fjall creates each keyspace's directory under `keyspaces/` without an fsync of `keyspaces/`
         // (and the database directory's own entry in its parent is ours to sync): until these syncs a
@@ -226,6 +249,20 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_founding_members_log_memtables_differ_by_a_fifth() {
+        let sizes: Vec<u64> = (1..=3).map(log_memtable_bytes).collect();
+        let mut sorted = sizes.clone();
+        sorted.sort();
+        assert_eq!(sorted, [LOG_MEMTABLE_BYTES * 4 / 5, LOG_MEMTABLE_BYTES, LOG_MEMTABLE_BYTES * 6 / 5], "{sizes:?}");
+        // Any three consecutive ids (a cluster that replaced its founders) get all three sizes too.
+        for first in [4u64, 17, 1000] {
+            let mut s: Vec<u64> = (first..first + 3).map(log_memtable_bytes).collect();
+            s.sort();
+            assert_eq!(s, sorted);
+        }
+    }
 
     #[test]
     fn log_keys_sort_by_shard_then_index() {
