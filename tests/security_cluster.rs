@@ -180,7 +180,7 @@ struct Upload {
     answered_after: Duration,
 }
 
-/// A 60 MiB POST streamed in 1 MiB chunks, with the given (invalid or absent) signature headers.
+/// A 60 MiB POST streamed in 1 MiB chunks, with the given (invalid or absent) signature header.
 async fn bogus_upload(addr: SocketAddr, headers: HeaderMap) -> Upload {
     let handed_over = Arc::new(AtomicU64::new(0));
     let counter = handed_over.clone();
@@ -223,7 +223,7 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     let old = send(n1, "/cluster/v2/call/node.status", &HeaderMap::new(), Bytes::new()).await;
     assert_eq!(old.status, StatusCode::BAD_REQUEST);
     assert!(old.signature_headers().is_empty());
-    eprintln!("(a) unauthenticated request: {} without signature headers", a.status);
+    eprintln!("(a) unauthenticated request: {} without a signature header", a.status);
 
     // (b) A member's signed request works once...
     let (headers, nonce) = signed_request(&secret, 2, STATUS_PATH, b"");

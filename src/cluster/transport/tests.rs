@@ -293,7 +293,7 @@ async fn raw_post(addr: &str, path: &str, headers: &HeaderMap, body: Vec<u8>) ->
     RawAnswer { status: parts.status, headers: parts.headers, body: body.collect().await.expect("body").to_bytes() }
 }
 
-/// The signature headers of a request from `node`, with the given timestamp, for `digest_of`.
+/// The signature header of a request from `node`, with the given timestamp, for `digest_of`.
 fn signed(s: &[u8], node: NodeId, path: &str, ts: u64, digest_of: &[u8]) -> HeaderMap {
     let mut h = HeaderMap::new();
     let e = Envelope {
