@@ -395,6 +395,10 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
         matches!(err, TransportError::ResponseAuth { source: auth::AuthError::WrongNode { got: 1, want: 3 }, .. }),
         "{err}"
     );
+    // A joining node knows a member's address only: asking "any node" there takes whoever answers.
+    let joining = transport(4);
+    joining.peers().set(peers::ANY_NODE, node.addr.clone());
+    joining.call(peers::ANY_NODE, COUNT, Bytes::new(), None).await.expect("any member's signed answer");
     node.stop().await;
 }
 
