@@ -17,7 +17,7 @@
 //!
 //!   cargo bench --bench failover
 //!
-//! Environment: `FAILOVER_ROUNDS` (5), `FAILOVER_SHARDS` (16), `FAILOVER_WRITERS` (4, one twin each),
+//! Environment: `FAILOVER_ROUNDS` (5), `FAILOVER_SHARDS` (the server's default, 8), `FAILOVER_WRITERS` (4, one twin each),
 //! `FAILOVER_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`; default: the node default, 100),
 //! `FAILOVER_KEEP=1` keeps the cluster directory (node logs; `killed_unix_ms` in the JSON finds each
 //! kill in them).
@@ -112,7 +112,7 @@ fn main() {
 
 async fn run() {
     let rounds = env_u64("FAILOVER_ROUNDS", 5) as usize;
-    let shards = env_u64("FAILOVER_SHARDS", 16) as u32;
+    let shards = env_u64("FAILOVER_SHARDS", u64::from(twinhub::ids::DEFAULT_SHARD_COUNT)) as u32;
     let writers = env_u64("FAILOVER_WRITERS", 4).max(1) as usize;
     println!("failover bench: 3 nodes, {shards} shards, {rounds} rounds, {writers} writers (one twin each) through the non-leader nodes, {REQUEST_TIMEOUT:?} request timeout");
     let extra: Vec<String> = match std::env::var("FAILOVER_HEARTBEAT_MS") {

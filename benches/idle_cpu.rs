@@ -8,7 +8,7 @@
 //!
 //!   cargo bench --bench idle_cpu
 //!
-//! Environment: `IDLE_SECS` (30) measurement window, `IDLE_SETTLE_SECS` (10), `IDLE_SHARDS` (16, the
+//! Environment: `IDLE_SECS` (30) measurement window, `IDLE_SETTLE_SECS` (10), `IDLE_SHARDS` (8, the
 //! default of `twinhub cluster up`), `IDLE_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`). Results on stdout
 //! and in `target/idle_cpu.json`; asserts nothing.
 
@@ -35,7 +35,7 @@ fn main() {
     }
     let secs = env_u64("IDLE_SECS", 30);
     let settle = env_u64("IDLE_SETTLE_SECS", 10);
-    let shards = env_u64("IDLE_SHARDS", 16) as u32;
+    let shards = env_u64("IDLE_SHARDS", u64::from(twinhub::ids::DEFAULT_SHARD_COUNT)) as u32;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!("idle CPU bench: 3 nodes, {shards} shards, settle {settle}s, measure {secs}s, {cores} cores");
 

@@ -30,7 +30,7 @@
 //!   QJ_TWINS=20000 QJ_JOB_TWINS=2000 cargo bench --bench query_jobs      # quick run
 //!   cargo bench --bench query_jobs                                       # 1M twins, 100k job
 //!
-//! Environment: `QJ_TWINS` (1000000), `QJ_JOB_TWINS` (100000, at most `QJ_TWINS`), `QJ_SHARDS` (16),
+//! Environment: `QJ_TWINS` (1000000), `QJ_JOB_TWINS` (100000, at most `QJ_TWINS`), `QJ_SHARDS` (the server's default, 8),
 //! `QJ_CLIENTS` (64), `QJ_BESIDE_PAUSE_MS` (1000), `QJ_KEEP=1` keeps the cluster directory (node logs).
 //! Progress on stderr; results on stdout and in `target/query_jobs.json`. Asserts nothing about
 //! speed; exits non-zero on a wrong answer.
@@ -432,7 +432,7 @@ fn main() {
 async fn run() {
     let twins = env_u64("QJ_TWINS", 1_000_000);
     let job_twins = env_u64("QJ_JOB_TWINS", 100_000).min(twins);
-    let shards = env_u64("QJ_SHARDS", 16) as u32;
+    let shards = env_u64("QJ_SHARDS", u64::from(twinhub::ids::DEFAULT_SHARD_COUNT)) as u32;
     let clients = env_u64("QJ_CLIENTS", 64).max(1) as usize;
     println!(
         "query_jobs bench: 3 nodes, {shards} shards | {twins} twins, job over {job_twins} | {clients} loading clients | binary {}",

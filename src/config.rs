@@ -33,7 +33,8 @@ pub struct ServeArgs {
     /// Base64 primary key of the iothubowner policy [default: generated and kept in the data directory]
     #[arg(long)]
     pub owner_key: Option<String>,
-    /// Number of shards (fixed once data exists) [default: 16]
+    /// Number of shards, each a Raft group, fixed once data exists [default: the count the data directory
+    /// was created with; a node that joins takes the cluster's; a new cluster 8]
     #[arg(long)]
     pub shard_count: Option<u32>,
     /// PEM server certificate chain [default: generated development certificate]
@@ -203,6 +204,9 @@ pub struct ClusterConfig {
     pub tls: Option<crate::tls::cluster::ClusterTlsFiles>,
 }
 
+/// The largest shard count a cluster can be created with.
+pub const MAX_SHARD_COUNT: u32 = 4096;
+
 /// The resolved configuration of a node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -214,7 +218,10 @@ pub struct Config {
     pub events_listen: SocketAddr,
     pub hostname: String,
     pub owner_key: Option<String>,
-    pub shard_count: u32,
+    /// The shard count the operator gave. `None`: the count the data directory was created with, or
+    /// for a node that joins the cluster's, or [`crate::ids::DEFAULT_SHARD_COUNT`] for a new cluster
+    /// (decided when the node starts, see `node.rs`).
+    pub shard_count: Option<u32>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub snapshot_every: u64,
@@ -268,12 +275,11 @@ impl Config {
                 .map(|v| parse_u("TWINHUB_SHARD_COUNT", v).map(|n| n as u32))
                 .transpose()?
                 .or(file.shard_count),
-        }
-        .unwrap_or(16);
-        if shard_count == 0 || shard_count > 4096 {
+        };
+        if let Some(n) = shard_count.filter(|n| !(1..=MAX_SHARD_COUNT).contains(n)) {
             return Err(ConfigError::Invalid {
                 option: "shard-count",
-                value: shard_count.to_string(),
+                value: n.to_string(),
                 expected: "shard count (1..=4096)",
             });
         }
@@ -598,7 +604,7 @@ mod tests {
         assert_eq!(c.http_listen, "0.0.0.0:8443".parse().unwrap());
         assert_eq!(c.mqtt_listen, "0.0.0.0:8883".parse().unwrap());
         assert_eq!(c.hostname, "localhost");
-        assert_eq!(c.shard_count, 16);
+        assert_eq!(c.shard_count, None, "decided at start from the data directory or the cluster");
         assert_eq!(c.owner_key, None);
     }
 
@@ -617,7 +623,7 @@ mod tests {
         let c = Config::resolve(args, &env).unwrap();
         assert_eq!(c.http_listen, "127.0.0.1:1003".parse().unwrap(), "flag wins");
         assert_eq!(c.hostname, "env-host", "env beats file");
-        assert_eq!(c.shard_count, 5);
+        assert_eq!(c.shard_count, Some(5));
         assert_eq!(c.mqtt_listen, "127.0.0.1:2001".parse().unwrap(), "file beats default");
         assert_eq!(c.data_dir, PathBuf::from("/file"));
         assert_eq!(c.snapshot_every, 10_000, "default");

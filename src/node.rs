@@ -69,6 +69,23 @@ pub struct Listen {
 /// (1,024) overflowed in the 50,000-device connect storm on a saturated 2-core machine.
 const LISTEN_BACKLOG: u32 = 8192;
 
+/// The shard count this node opens its data with: the one given; else the one its data directory was
+/// created with (a restart or an upgrade never depends on this release's default); else, for a node
+/// that joins, the cluster's; else, founding a cluster, [`crate::ids::DEFAULT_SHARD_COUNT`].
+async fn shard_count(config: &Config, dir: &std::path::Path, transport: Option<&Transport>) -> Result<u32, NodeError> {
+    if let Some(n) = config.shard_count {
+        return Ok(n);
+    }
+    if let Some(n) = crate::shard::recorded_shard_count(dir)? {
+        return Ok(n);
+    }
+    let join = config.cluster.as_ref().and_then(|c| c.join.as_deref());
+    Ok(match (transport, join) {
+        (Some(t), Some(via)) => crate::shard::reconcile::cluster_shard_count(t, via).await,
+        _ => crate::ids::DEFAULT_SHARD_COUNT,
+    })
+}
+
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
     let err = |source| NodeError::Bind { addr, source };
     let socket =
@@ -150,11 +167,12 @@ impl Node {
             cluster: cluster_addr,
         };
         let hub = Hub::new(HubConfig::new(&config.hostname));
+        let shard_count = shard_count(&config, &dir, transport.as_ref()).await?;
 
         let shards = Shards::open(ShardsConfig {
             data_dir: dir.clone(),
             node_id: config.node_id,
-            shard_count: config.shard_count,
+            shard_count,
             snapshot_every: config.snapshot_every,
             events: Some(hub.sink()),
             transport: transport.clone(),
@@ -222,7 +240,7 @@ impl Node {
         let listen_json = serde_json::to_vec_pretty(&listen).unwrap_or_default();
         crate::auth::write_atomically(&dir.join("listen.json"), &listen_json)
             .map_err(|source| NodeError::DataDir { path: dir.join("listen.json").display().to_string(), source })?;
-        tracing::info!(node = config.node_id, %http_addr, %mqtt_addr, mqtt_plain = ?listen.mqtt_plain, %events_addr, cluster = ?cluster_addr, shards = config.shard_count, data_dir = %dir.display(), "twinhub ready");
+        tracing::info!(node = config.node_id, %http_addr, %mqtt_addr, mqtt_plain = ?listen.mqtt_plain, %events_addr, cluster = ?cluster_addr, shards = shard_count, data_dir = %dir.display(), "twinhub ready");
         Ok(Node { http_addr, listen, hub, hostname: config.hostname, policies, twins, shards, stop, http, tasks })
     }
 

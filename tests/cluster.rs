@@ -1167,6 +1167,15 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
     assert!(c.converged().await, "cluster add returned before the moves completed");
     let on_new = c.status(new).await.expect("new node status")["shards"].as_array().map_or(0, Vec::len);
     assert!(on_new >= 2, "the new node took replicas: {on_new}");
+    // `cluster add` starts the node without a shard count: it asked the cluster for its count (not
+    // the release's default, 8) and its data directory recorded it for every later start.
+    let config = std::fs::read_to_string(&c.node(new).config).expect("the new node's config");
+    assert!(!config.contains("\nshard_count"), "a joining node's config names no shard count:\n{config}");
+    let file = c.cluster_file();
+    let entry = file["nodes"].as_array().and_then(|n| n.iter().find(|n| n["id"] == new)).expect("new node entry");
+    let data_dir = std::path::PathBuf::from(entry["data_dir"].as_str().expect("data_dir"));
+    let recorded = std::fs::read_to_string(data_dir.join("shard-count")).expect("recorded shard count");
+    assert_eq!(recorded.trim(), SHARDS.to_string(), "the new node took the cluster's shard count");
     let acks_mid: u64 = shared.acks.iter().map(|a| a.load(Ordering::Relaxed)).sum();
 
     // Leave: `cluster remove` drains node 1, waits until no shard holds it, then stops it.

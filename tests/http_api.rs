@@ -978,6 +978,33 @@ async fn sigterm_restart_keeps_owner_key_ca_and_state() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_shard_count_keeps_the_count_the_data_was_created_with() {
+    // 16 was the default of earlier releases: their data directories must start under this one.
+    let mut srv = Server::start(ServerOpts { shard_count: Some(16), ..Default::default() });
+    let ids: Vec<String> = (0..24).map(|i| format!("count{i}")).collect();
+    for id in &ids {
+        srv.owner().must_create_device(id).await;
+    }
+    assert!(srv.sigterm().success());
+    srv.restart_with(ServerOpts::default());
+    let api = srv.owner();
+    for id in &ids {
+        assert_eq!(api.must_get_twin(id).await["deviceId"], id.as_str(), "{id} after a restart without --shard-count");
+    }
+    // Given, the count must still match the data: a mismatch is refused with both numbers.
+    assert!(srv.sigterm().success());
+    let mut other = std::process::Command::new(common::bin_path());
+    other.args(["serve", "--shard-count", "8", "--data-dir"]).arg(&srv.data_dir);
+    for flag in ["--http-listen", "--mqtt-listen", "--events-listen"] {
+        other.arg(flag).arg("127.0.0.1:0");
+    }
+    let out = other.output().expect("run twinhub serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a data directory of 16 shards opened with 8");
+    assert!(err.contains("created with 16 shards") && err.contains("with 8"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn options_from_environment() {
     let key = "ZW52aXJvbm1lbnQtb3duZXIta2V5LWZvci10d2luaHVi";
     let srv = Server::start(ServerOpts {

@@ -86,8 +86,8 @@ pub struct UpArgs {
     /// Directory for the cluster's node data, configs, logs and cluster.json.
     #[arg(long)]
     pub dir: PathBuf,
-    /// Shards of the cluster.
-    #[arg(long, default_value_t = 16)]
+    /// Shards of the cluster, each a Raft group; fixed once data exists.
+    #[arg(long, default_value_t = crate::ids::DEFAULT_SHARD_COUNT)]
     pub shard_count: u32,
     /// The twinhub binary the nodes run [default: this executable].
     #[arg(long)]
@@ -391,7 +391,7 @@ fn prepare_node(
          mqtt_listen = \"{mqtt}\"\n\
          mqtt_plain_listen = \"{plain}\"\n\
          events_listen = \"{events}\"\n\
-         shard_count = {shards}\n\
+         {shards}\
          tls_cert = {cert:?}\n\
          tls_key = {key:?}\n{threads}{options}{cluster}",
         data = data_dir.display().to_string(),
@@ -400,7 +400,11 @@ fn prepare_node(
         mqtt = entry.mqtt,
         plain = entry.mqtt_plain,
         events = entry.events,
-        shards = file.shard_count,
+        // A joining node takes the cluster's count on its first start and its data directory keeps it.
+        shards = match join {
+            None => format!("shard_count = {}\n", file.shard_count),
+            Some(_) => "# shard_count: the cluster's, asked when the node first starts\n".to_string(),
+        },
         cert = file.cert.display().to_string(),
         key = file.key.display().to_string(),
         threads = file.worker_threads.map(|n| format!("worker_threads = {n}\n")).unwrap_or_default(),

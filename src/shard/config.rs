@@ -71,28 +71,20 @@ pub(super) fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>
 /// directory with another count would make existing devices look lost. The count is recorded on first
 /// open and a mismatch is refused with a message naming both numbers.
 pub(super) fn check_layout(config: &ShardsConfig) -> Result<(), ShardError> {
-    let path = config.data_dir.join("shard-count");
+    let path = config.data_dir.join(LAYOUT_FILE);
     let want = config.shard_count.max(1);
     let io = |e: std::io::Error| ShardError::Storage { shard: 0, msg: format!("{}: {e}", path.display()) };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let have: u32 = text.trim().parse().map_err(|_| ShardError::Fatal {
-                shard: 0,
-                msg: format!("{} holds {:?}, not a shard count", path.display(), text.trim()),
-            })?;
-            if have != want {
-                return Err(ShardError::Fatal {
-                    shard: 0,
-                    msg: format!(
-                        "data directory {} was created with {have} shards; refusing to open it with {want} \
-                         (devices would hash to other shards)",
-                        config.data_dir.display()
-                    ),
-                });
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match recorded_shard_count(&config.data_dir)? {
+        Some(have) if have != want => Err(ShardError::Fatal {
+            shard: 0,
+            msg: format!(
+                "data directory {} was created with {have} shards; refusing to open it with {want} \
+                 (devices would hash to other shards)",
+                config.data_dir.display()
+            ),
+        }),
+        Some(_) => Ok(()),
+        None => {
             crate::secrets::create_private_dir(&config.data_dir).map_err(io)?;
             let tmp = config.data_dir.join("shard-count.tmp");
             std::fs::write(&tmp, format!("{want}\n")).map_err(io)?;
@@ -100,7 +92,24 @@ pub(super) fn check_layout(config: &ShardsConfig) -> Result<(), ShardError> {
             std::fs::rename(&tmp, &path).map_err(io)?;
             Ok(())
         }
-        Err(e) => Err(io(e)),
+    }
+}
+
+/// Where a data directory records its shard count.
+const LAYOUT_FILE: &str = "shard-count";
+
+/// The shard count `data_dir` was created with; `None` for a directory no node has opened yet. A node
+/// started without `--shard-count` keeps this count, so a restart or an upgrade never depends on the
+/// default of the release it runs.
+pub fn recorded_shard_count(data_dir: &std::path::Path) -> Result<Option<u32>, ShardError> {
+    let path = data_dir.join(LAYOUT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|_| ShardError::Fatal {
+            shard: 0,
+            msg: format!("{} holds {:?}, not a shard count", path.display(), text.trim()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ShardError::Storage { shard: 0, msg: format!("{}: {e}", path.display()) }),
     }
 }
 
@@ -129,5 +138,16 @@ mod layout_tests {
         check_layout(&config(dir.path(), 8)).unwrap();
         let err = check_layout(&config(dir.path(), 16)).unwrap_err();
         assert!(err.to_string().contains("created with 8 shards"), "{err}");
+    }
+
+    #[test]
+    fn the_recorded_count_is_read_back_and_a_new_directory_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(recorded_shard_count(dir.path()).unwrap(), None);
+        check_layout(&config(dir.path(), 16)).unwrap();
+        assert_eq!(recorded_shard_count(dir.path()).unwrap(), Some(16));
+        std::fs::write(dir.path().join(LAYOUT_FILE), "sixteen\n").unwrap();
+        let err = recorded_shard_count(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("not a shard count"), "{err}");
     }
 }

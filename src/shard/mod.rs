@@ -18,8 +18,8 @@ pub mod tail;
 pub use crate::storage::{group_commit, log_store, state_machine, store, types};
 
 use calls::{register_calls, remote_meta_write};
-pub use config::ShardsConfig;
 use config::{check_layout, raft_config};
+pub use config::{recorded_shard_count, ShardsConfig};
 pub use error::ShardError;
 use error::{fatal_error, storage_error, write_error};
 pub use group::Shard;

@@ -63,26 +63,34 @@ impl Shards {
         let s = Arc::downgrade(self);
         t.handlers().register(Call::NodeStatus, move |_from, _body: bytes::Bytes| {
             let s = s.clone();
-            async move {
-                let status = s.upgrade().map(|s| s.status()).unwrap_or_default();
-                serde_json::to_vec(&status)
-                    .map(bytes::Bytes::from)
-                    .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
-            }
+            async move { json_answer(&s.upgrade().map(|s| s.status()).unwrap_or_default()) }
         });
         let s = Arc::downgrade(self);
         t.handlers().register(Call::ClusterJoin, move |_from, body: bytes::Bytes| {
             let s = s.clone();
             async move {
-                let (id, addr): (NodeId, String) = serde_json::from_slice(&body)
+                let (id, addr, shards): (NodeId, String, u32) = serde_json::from_slice(&body)
                     .map_err(|e| crate::cluster::transport::CallError(format!("bad join request: {e}")))?;
                 let r = match s.upgrade() {
-                    Some(s) => s.propose(ClusterOp::AddNode { id, addr }).await,
+                    Some(s) => match join_refusal(&s.map(), id, shards) {
+                        Some(refused) => Err(refused),
+                        None => s.propose(ClusterOp::AddNode { id, addr }).await,
+                    },
                     None => Err(ShardError::ShuttingDown { shard: super::META }),
                 };
-                serde_json::to_vec(&r)
-                    .map(bytes::Bytes::from)
-                    .map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+                json_answer(&r)
+            }
+        });
+        let s = Arc::downgrade(self);
+        t.handlers().register(Call::ClusterShardCount, move |_from, _body: bytes::Bytes| {
+            let s = s.clone();
+            async move {
+                let r = match s.upgrade().map(|s| s.map()) {
+                    Some(m) if m.is_initialized() => Ok(m.shard_count),
+                    Some(_) => Err(ShardError::NotLeader { shard: super::META, leader: None }),
+                    None => Err(ShardError::ShuttingDown { shard: super::META }),
+                };
+                json_answer(&r)
             }
         });
         let s = Arc::downgrade(self);
@@ -108,7 +116,7 @@ impl Shards {
         t.peers().set(JOIN_PEER, via.to_string());
         let mut pause = Duration::from_millis(200);
         while !self.map().members.contains_key(&self.node_id) {
-            let Ok(body) = serde_json::to_vec(&(self.node_id, advertise)) else { return };
+            let Ok(body) = serde_json::to_vec(&(self.node_id, advertise, self.shard_count)) else { return };
             match t.call(JOIN_PEER, Call::ClusterJoin, body.into(), Some(Duration::from_secs(15))).await {
                 Ok(answer) => match serde_json::from_slice::<Result<(), ShardError>>(&answer) {
                     Ok(Ok(())) => tracing::info!(via, "joined the cluster map; waiting for replicas"),
@@ -471,5 +479,64 @@ impl Shard {
             Err(openraft::error::RaftError::APIError(e)) => Err(super::write_error(self.id, e)),
             Err(openraft::error::RaftError::Fatal(f)) => Err(super::fatal_error(self.id, &f)),
         }
+    }
+}
+
+/// A handler's answer as JSON.
+fn json_answer<T: serde::Serialize>(answer: &T) -> Result<bytes::Bytes, crate::cluster::transport::CallError> {
+    serde_json::to_vec(answer).map(bytes::Bytes::from).map_err(|e| crate::cluster::transport::CallError(e.to_string()))
+}
+
+/// Why a node may not join, if it may not: it hashes devices to another number of shards than the
+/// cluster, so every request it took would go to the wrong group.
+fn join_refusal(map: &crate::cluster::map::ClusterMap, id: NodeId, shards: u32) -> Option<ShardError> {
+    let have = map.shard_count;
+    (map.is_initialized() && have != shards).then(|| ShardError::Refused {
+        msg: format!(
+            "this cluster has {have} shards and node {id} was started with {shards}: start it without \
+             --shard-count, or with --shard-count {have}, on a new data directory"
+        ),
+    })
+}
+
+/// The shard count of the cluster a node joins through `via`, asked before the node opens its data
+/// directory (which then records it). Retries until a member answers, as joining itself does: the
+/// member may still be starting.
+pub async fn cluster_shard_count(t: &crate::cluster::transport::Transport, via: &str) -> u32 {
+    t.peers().set(JOIN_PEER, via.to_string());
+    let mut pause = Duration::from_millis(200);
+    loop {
+        match t.call(JOIN_PEER, Call::ClusterShardCount, bytes::Bytes::new(), Some(Duration::from_secs(5))).await {
+            Ok(answer) => match serde_json::from_slice::<Result<u32, ShardError>>(&answer) {
+                Ok(Ok(n)) => {
+                    tracing::info!(via, shards = n, "the cluster's shard count");
+                    return n;
+                }
+                Ok(Err(e)) => tracing::warn!(via, "asking the cluster's shard count: {e}"),
+                Err(e) => tracing::warn!(via, "asking the cluster's shard count: bad answer: {e}"),
+            },
+            Err(e) => tracing::warn!(via, "asking the cluster's shard count: {e}"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::cluster::map::ClusterMap;
+
+    #[test]
+    fn a_node_with_another_shard_count_is_refused_naming_both() {
+        let mut map = ClusterMap::default();
+        assert!(join_refusal(&map, 4, 8).is_none(), "a map not founded yet decides nothing");
+        let members: BTreeMap<NodeId, String> = (1..=3).map(|i| (i, format!("127.0.0.1:{}", 7000 + i))).collect();
+        map.apply(&ClusterOp::Init { shard_count: 16, rf: 3, members }).unwrap();
+        assert!(join_refusal(&map, 4, 16).is_none());
+        let refused = join_refusal(&map, 4, 8).expect("8 shards against 16").to_string();
+        assert!(refused.contains("has 16 shards") && refused.contains("started with 8"), "{refused}");
     }
 }

@@ -40,8 +40,8 @@ pub struct SnapshotFiles {
     spare: Mutex<Vec<u8>>,
 }
 
-/// The largest encoding buffer kept between snapshots. A shard of a million-twin fleet of 16 shards
-/// encodes into about 30 MB; a buffer above this is freed after use rather than held.
+/// The largest encoding buffer kept between snapshots. A shard of a million-twin fleet of 8 shards
+/// encodes into about 55 MB; a buffer above this is freed after use rather than held.
 const SPARE_LIMIT: usize = 64 << 20;
 
 fn invalid(msg: String) -> io::Error {

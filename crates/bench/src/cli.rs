@@ -20,7 +20,7 @@ pub struct ClusterArgs {
     /// twinhub binary for the cluster started here [default: $TWINHUB_BIN, else this binary]
     #[arg(long)]
     bin: Option<PathBuf>,
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = twinhub::ids::DEFAULT_SHARD_COUNT)]
     shard_count: u32,
 }
 
@@ -54,7 +54,7 @@ pub enum BenchCommand {
         /// Systems to run, comma-separated.
         #[arg(long, default_value = "twinhub,etcd,nats", value_delimiter = ',')]
         systems: Vec<String>,
-        #[arg(long, default_value_t = 16)]
+        #[arg(long, default_value_t = twinhub::ids::DEFAULT_SHARD_COUNT)]
         shard_count: u32,
         /// Workers that write every twin once before the measurement.
         #[arg(long, default_value_t = 64)]
@@ -207,7 +207,7 @@ pub enum BenchCommand {
     Memory {
         #[arg(long)]
         bin: Option<PathBuf>,
-        #[arg(long, default_value_t = 16)]
+        #[arg(long, default_value_t = twinhub::ids::DEFAULT_SHARD_COUNT)]
         shard_count: u32,
         #[arg(long, default_value_t = 1_000_000)]
         twins: usize,

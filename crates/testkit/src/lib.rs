@@ -303,6 +303,13 @@ impl Server {
         self.spawn();
     }
 
+    /// Starts the server again on the same data directory with other options (an operator who
+    /// changed the command line between two starts).
+    pub fn restart_with(&mut self, opts: ServerOpts) {
+        self.opts = opts;
+        self.restart();
+    }
+
     /// The last 8 KB of the server's stderr (all runs of this data directory).
     pub fn stderr_tail(&self) -> String {
         let s = std::fs::read(&self.log_path).unwrap_or_default();

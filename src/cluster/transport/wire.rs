@@ -98,8 +98,11 @@ pub enum Call {
     /// hears the final membership from Raft itself): `postcard(ShardId)` in.
     ShardDropped,
     /// A starting node (`--join`) asks any member to propose it to the cluster map:
-    /// `serde_json((NodeId, addr))` in, `serde_json(Result<(), ShardError>)` out.
+    /// `serde_json((NodeId, addr, shard count))` in, `serde_json(Result<(), ShardError>)` out.
     ClusterJoin,
+    /// A node started with `--join` and no shard count asks a member for the cluster's before it opens
+    /// its data directory: `()` in, `serde_json(Result<u32, ShardError>)` out.
+    ClusterShardCount,
     /// A page of a shard's change events: `postcard((ShardId, Option<u64>))` in (the last index the
     /// caller has), JSON `Result<EventPage, ShardError>` out (events hold JSON values).
     ShardEvents,
@@ -125,7 +128,7 @@ pub enum TestCall {
 
 impl Call {
     /// Every call a node serves.
-    pub const ALL: [Call; 10] = [
+    pub const ALL: [Call; 11] = [
         Call::TwinWrite,
         Call::TwinWrites,
         Call::TwinRead,
@@ -134,6 +137,7 @@ impl Call {
         Call::NodeStatus,
         Call::ShardDropped,
         Call::ClusterJoin,
+        Call::ClusterShardCount,
         Call::ShardEvents,
         Call::DeviceMethod,
     ];
@@ -149,6 +153,7 @@ impl Call {
             Call::NodeStatus => "node.status",
             Call::ShardDropped => "shard.dropped",
             Call::ClusterJoin => "cluster.join",
+            Call::ClusterShardCount => "cluster.shard-count",
             Call::ShardEvents => "shard.events",
             Call::DeviceMethod => "device.method",
             #[cfg(test)]
