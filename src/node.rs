@@ -34,6 +34,10 @@ pub enum NodeError {
     /// (systemd `Restart=`, a Kubernetes pod), which reopens the data once the disk works again.
     #[error("storage failed, stopping so that a restart reopens the data: {0}")]
     StorageFailed(String),
+    /// The cluster map was founded with another shard count than this node's: the node would hash
+    /// devices to the wrong groups, so it stops instead of serving.
+    #[error("stopping: {0}")]
+    ShardCount(String),
 }
 
 pub struct Node {
@@ -278,8 +282,6 @@ impl Node {
     }
 }
 
-/// Publishes every shard's Raft state as Prometheus gauges once a second (term, last log, commit and
-/// apply index, leadership) and counts the leader changes this node observes.
 /// Moves this node's share of the cluster towards the cluster map, twice a second.
 async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
     let mut r = crate::shard::reconcile::Reconciler::default();
@@ -367,27 +369,31 @@ pub async fn run(config: Config) -> Result<(), NodeError> {
     eprintln!("twinhub: web console at {}; sign in with the connection string above", node.console_url());
     let failed = tokio::select! {
         _ = wait_for_signal() => None,
-        why = storage_failed(&node) => Some(why),
+        why = must_stop(&node) => Some(why),
     };
     tracing::info!("shutting down");
     node.shutdown().await;
-    match failed {
-        None => Ok(()),
-        Some(why) => Err(NodeError::StorageFailed(why)),
-    }
+    failed.map_or(Ok(()), Err)
 }
 
-/// Resolves once a Raft group of the node has stopped on a storage error. A node in that state no
-/// longer replicates or leads that shard (the others take over) but would otherwise stay up answering
-/// from a frozen replica; exiting lets a supervisor restart it, and the restart reopens the data (the
-/// same path as after a crash, so nothing acknowledged is lost).
-async fn storage_failed(node: &Node) -> String {
+/// Resolves once the node must stop:
+/// - a Raft group of the node has stopped on a storage error. A node in that state no longer
+///   replicates or leads that shard (the others take over) but would otherwise stay up answering
+///   from a frozen replica; exiting lets a supervisor restart it, and the restart reopens the data
+///   (the same path as after a crash, so nothing acknowledged is lost);
+/// - the cluster map it follows was founded with another shard count than the node's. Restarting
+///   does not help there, and the error says what does.
+async fn must_stop(node: &Node) -> NodeError {
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
     loop {
         tick.tick().await;
         if let Some(why) = node.shards.storage_failure() {
             tracing::error!("{why}");
-            return why;
+            return NodeError::StorageFailed(why);
+        }
+        if let Some(why) = node.shards.misconfiguration() {
+            tracing::error!("{why}");
+            return NodeError::ShardCount(why);
         }
     }
 }

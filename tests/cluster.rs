@@ -1224,6 +1224,79 @@ async fn a_node_joins_and_another_leaves_while_writes_run() {
     c.assert_no_panics();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn founders_with_different_shard_counts_found_nothing_until_they_agree() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut c = Cluster::up(3, SHARDS);
+    let other = SHARDS * 2;
+    // The three founders again on new Raft state, `count(id)` shards each.
+    let refound = |c: &mut Cluster, count: &dyn Fn(u64) -> u32| {
+        for id in c.ids() {
+            c.kill9(id);
+        }
+        for id in c.ids() {
+            let node = c.node(id).clone();
+            let config = std::fs::read_to_string(&node.config).expect("node config");
+            let data_dir = config
+                .lines()
+                .find_map(|l| l.strip_prefix("data_dir = "))
+                .map(|v| std::path::PathBuf::from(v.trim_matches('"')))
+                .expect("data_dir in the node's config");
+            // The Raft state and its recorded count go; the policy keys stay, so the test's
+            // owner key still signs in.
+            std::fs::remove_dir_all(data_dir.join("raft")).expect("remove the node's Raft state");
+            std::fs::remove_file(data_dir.join("shard-count")).expect("remove the node's recorded count");
+            let config: String = config
+                .lines()
+                .map(|l| {
+                    if l.starts_with("shard_count = ") {
+                        format!("shard_count = {}\n", count(id))
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
+            assert!(config.contains(&format!("shard_count = {}", count(id))), "node {id}'s config:\n{config}");
+            std::fs::write(&node.config, config).expect("rewrite the node's config");
+            c.restart(id);
+        }
+    };
+    // Node 3 given another count, as a mistyped config would start it: it would hash devices to
+    // other shards than the others. Whichever founder leads the metadata group asks the others
+    // first, finds the disagreement and founds nothing; its log names both counts.
+    refound(&mut c, &|id| if id == 3 { other } else { SHARDS });
+    let said = [
+        format!("founding member 3 was started with {other} shards and this node with {SHARDS}"),
+        format!("was started with {SHARDS} shards and this node with {other}"),
+    ];
+    let logs = |c: &Cluster| {
+        c.ids().iter().map(|id| std::fs::read_to_string(&c.node(*id).log).unwrap_or_default()).collect::<String>()
+    };
+    let deadline = Instant::now() + WAIT;
+    while !said.iter().any(|s| logs(&c).contains(s.as_str())) {
+        assert!(Instant::now() < deadline, "no founder named the disagreement\n{}", c.logs_tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in c.ids() {
+        let map = c.map(id).await.unwrap_or_default();
+        assert!(map["members"].as_object().is_none_or(|m| m.is_empty()), "node {id} founded a map: {map}");
+        assert!(!c.is_ready(id).await, "node {id} is ready without a map");
+    }
+    // The same founders, all given one count, found the cluster and serve every shard.
+    refound(&mut c, &|_| SHARDS);
+    for id in c.ids() {
+        c.wait_ready(id).await;
+    }
+    let mut taken = HashSet::new();
+    for shard in 0..SHARDS {
+        let dev = device_on_shard("fc-", shard, SHARDS, &mut taken);
+        c.api(1).must_create_device(&dev).await;
+        assert_eq!(c.api(3).must_get_twin(&dev).await["deviceId"], dev.as_str());
+    }
+    c.assert_no_panics();
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Jobs across a failover
 

@@ -458,7 +458,11 @@ impl Shards {
             Some(s) => s.leader(),
             None => self.hints.lock().unwrap_or_else(|e| e.into_inner()).get(&shard).copied(),
         };
-        Route { leader, replicas: self.with_map(|m| m.replicas(shard)), hosted: local.is_some() }
+        // A map founded with another count than this node's hashes devices differently: no route
+        // rather than the wrong group (the node stops, see `reconcile`).
+        let replicas =
+            self.with_map(|m| if m.shard_count == self.shard_count { m.replicas(shard) } else { Vec::new() });
+        Route { leader, replicas, hosted: local.is_some() }
     }
 
     /// Remembers who leads a shard this node does not replicate.
@@ -576,6 +580,13 @@ impl Shards {
             Err(f @ Fatal::StorageError(_)) => Some(format!("shard {}: {f}", s.id)),
             _ => None,
         })
+    }
+
+    /// Why this node must not serve the cluster whose map it follows, if it must not: the map was
+    /// founded with another shard count than the node was started with (a founder given another
+    /// `--shard-count` than the others, on a new data directory).
+    pub fn misconfiguration(&self) -> Option<String> {
+        self.with_map(|m| reconcile::join_refusal(m, self.node_id, self.shard_count)).map(|e| e.to_string())
     }
 
     /// Stops every Raft group and flushes storage.

@@ -85,9 +85,14 @@ impl Shards {
         t.handlers().register(Call::ClusterShardCount, move |_from, _body: bytes::Bytes| {
             let s = s.clone();
             async move {
-                let r = match s.upgrade().map(|s| s.map()) {
-                    Some(m) if m.is_initialized() => Ok(m.shard_count),
-                    Some(_) => Err(ShardError::NotLeader { shard: super::META, leader: None }),
+                let r = match s.upgrade() {
+                    Some(s) => {
+                        let map = s.map();
+                        Ok(ShardCounts {
+                            cluster: map.is_initialized().then_some(map.shard_count),
+                            node: s.shard_count,
+                        })
+                    }
                     None => Err(ShardError::ShuttingDown { shard: super::META }),
                 };
                 json_answer(&r)
@@ -153,6 +158,14 @@ impl Shards {
         if !map.is_initialized() {
             return;
         }
+        // A node started with another count than the cluster's would hash devices to the wrong
+        // groups: it opens none, routes nothing (see `Shards::route`) and `node::run` stops it.
+        if let Some(refused) = join_refusal(&map, self.node_id, self.shard_count) {
+            if r.passes % 20 == 1 {
+                tracing::error!("{refused}");
+            }
+            return;
+        }
         for id in map.shards_of(self.node_id) {
             if let Err(e) = self.ensure_group(id, &map).await {
                 tracing::warn!(shard = id, "opening a replica the map places here: {e}");
@@ -187,6 +200,18 @@ impl Shards {
     async fn lead_meta(self: &Arc<Self>, meta: &Arc<Shard>, pass: u64) {
         let map = self.map();
         if !map.is_initialized() {
+            if let Err(not_yet) = self.founders_agree().await {
+                match not_yet {
+                    Founding::Disagree { .. } if pass % 10 == 1 => {
+                        tracing::error!("not founding the cluster map: {not_yet}")
+                    }
+                    Founding::Waiting { .. } if pass % 10 == 1 => {
+                        tracing::info!("not founding the cluster map yet: {not_yet}")
+                    }
+                    _ => {}
+                }
+                return;
+            }
             let op = ClusterOp::Init {
                 shard_count: self.shard_count,
                 rf: REPLICATION_FACTOR,
@@ -251,6 +276,24 @@ impl Shards {
                 }
             }
         }
+    }
+
+    /// Whether the founding members were started with this node's shard count, asked of each before
+    /// the map is founded with it. The map's count is final once founded, and a founder started with
+    /// another count would route every device to the wrong group, so one that disagrees stops the
+    /// founding, and the founders' logs name both counts. Every founder must answer: a new cluster
+    /// needs all of them anyway, as each one initializes the groups it is the founding leader of.
+    async fn founders_agree(&self) -> Result<(), Founding> {
+        let Some(t) = &self.config.transport else { return Ok(()) };
+        let asks = self.config.members.keys().filter(|id| **id != self.node_id).map(|&id| async move {
+            let answer = t.call(id, Call::ClusterShardCount, bytes::Bytes::new(), Some(Duration::from_secs(2))).await;
+            match serde_json::from_slice::<Result<ShardCounts, ShardError>>(&answer.ok()?) {
+                Ok(Ok(counts)) => Some((id, counts.node)),
+                _ => None,
+            }
+        });
+        let answers: Vec<(NodeId, u32)> = futures::future::join_all(asks).await.into_iter().flatten().collect();
+        founding_check(self.shard_count, self.config.members.len(), &answers)
     }
 
     /// True when, for every shard, the view of its leader names `node` neither as voter nor learner.
@@ -489,7 +532,7 @@ fn json_answer<T: serde::Serialize>(answer: &T) -> Result<bytes::Bytes, crate::c
 
 /// Why a node may not join, if it may not: it hashes devices to another number of shards than the
 /// cluster, so every request it took would go to the wrong group.
-fn join_refusal(map: &crate::cluster::map::ClusterMap, id: NodeId, shards: u32) -> Option<ShardError> {
+pub(super) fn join_refusal(map: &crate::cluster::map::ClusterMap, id: NodeId, shards: u32) -> Option<ShardError> {
     let have = map.shard_count;
     (map.is_initialized() && have != shards).then(|| ShardError::Refused {
         msg: format!(
@@ -497,6 +540,40 @@ fn join_refusal(map: &crate::cluster::map::ClusterMap, id: NodeId, shards: u32) 
              --shard-count, or with --shard-count {have}, on a new data directory"
         ),
     })
+}
+
+/// A member's answer to `cluster.shard-count`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ShardCounts {
+    /// The count the cluster map was founded with; `None` until it is founded.
+    pub cluster: Option<u32>,
+    /// The count this member was started with (or found recorded in its data directory).
+    pub node: u32,
+}
+
+/// Why the founding of the cluster map waits.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum Founding {
+    #[error(
+        "founding member {node} was started with {theirs} shards and this node with {mine}: start every \
+         founder with the same --shard-count, on new data directories"
+    )]
+    Disagree { node: NodeId, theirs: u32, mine: u32 },
+    #[error("{answered} of the {founders} founding members answered with their shard count")]
+    Waiting { answered: usize, founders: usize },
+}
+
+/// Decides the founding from the other founders' answers (`(node, its shard count)`): any that
+/// disagrees stops it; otherwise it waits for all `founders`, this node included.
+fn founding_check(mine: u32, founders: usize, answers: &[(NodeId, u32)]) -> Result<(), Founding> {
+    if let Some(&(node, theirs)) = answers.iter().find(|(_, n)| *n != mine) {
+        return Err(Founding::Disagree { node, theirs, mine });
+    }
+    let answered = answers.len() + 1;
+    if answered < founders {
+        return Err(Founding::Waiting { answered, founders });
+    }
+    Ok(())
 }
 
 /// The shard count of the cluster a node joins through `via`, asked before the node opens its data
@@ -507,10 +584,13 @@ pub async fn cluster_shard_count(t: &crate::cluster::transport::Transport, via: 
     let mut pause = Duration::from_millis(200);
     loop {
         match t.call(JOIN_PEER, Call::ClusterShardCount, bytes::Bytes::new(), Some(Duration::from_secs(5))).await {
-            Ok(answer) => match serde_json::from_slice::<Result<u32, ShardError>>(&answer) {
-                Ok(Ok(n)) => {
+            Ok(answer) => match serde_json::from_slice::<Result<ShardCounts, ShardError>>(&answer) {
+                Ok(Ok(ShardCounts { cluster: Some(n), .. })) => {
                     tracing::info!(via, shards = n, "the cluster's shard count");
                     return n;
+                }
+                Ok(Ok(ShardCounts { cluster: None, .. })) => {
+                    tracing::warn!(via, "asking the cluster's shard count: the cluster is not founded yet")
                 }
                 Ok(Err(e)) => tracing::warn!(via, "asking the cluster's shard count: {e}"),
                 Err(e) => tracing::warn!(via, "asking the cluster's shard count: bad answer: {e}"),
@@ -538,5 +618,17 @@ mod tests {
         assert!(join_refusal(&map, 4, 16).is_none());
         let refused = join_refusal(&map, 4, 8).expect("8 shards against 16").to_string();
         assert!(refused.contains("has 16 shards") && refused.contains("started with 8"), "{refused}");
+    }
+
+    #[test]
+    fn founders_found_the_map_when_all_agree() {
+        assert_eq!(founding_check(8, 1, &[]), Ok(()), "a single founder decides alone");
+        assert_eq!(founding_check(8, 3, &[]), Err(Founding::Waiting { answered: 1, founders: 3 }));
+        assert_eq!(founding_check(8, 3, &[(2, 8)]), Err(Founding::Waiting { answered: 2, founders: 3 }));
+        assert_eq!(founding_check(8, 3, &[(2, 8), (3, 8)]), Ok(()));
+        let disagree = founding_check(8, 3, &[(2, 8), (3, 16)]).expect_err("16 against 8");
+        assert_eq!(disagree, Founding::Disagree { node: 3, theirs: 16, mine: 8 });
+        let said = disagree.to_string();
+        assert!(said.contains("member 3 was started with 16") && said.contains("this node with 8"), "{said}");
     }
 }
