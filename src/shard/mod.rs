@@ -162,22 +162,38 @@ pub struct Shards {
     starting: Arc<AtomicBool>,
 }
 
+/// How many log entries group `shard` of node `node` takes between snapshots, given the node's
+/// `every`: a threshold of its own in [N, 1.5 N).
+///
+/// Shards written at the same rate reach the same entry count together; with one threshold they
+/// would all snapshot at once, and every snapshot (several MiB: the state and its retry window) went
+/// through the one group-commit journal that carries every shard's appends, so writes stalled for
+/// hundreds of milliseconds. So each shard has its own slot (data shards 0..S, the metadata group
+/// the last one).
+///
+/// The replicas of one shard receive the same entries, so with the shard's threshold alone all three
+/// encoded and wrote the same snapshot at the same moment, three times the CPU of one in the same
+/// tenth of a second. On two cores that was the slowest seconds of a half-load run: p99 31–50 ms
+/// against 19–34 ms with no snapshots at all (benches/README.md). Each slot is therefore divided
+/// into three, and a node takes the part its id falls in, so the replicas of a shard snapshot apart
+/// (on nodes whose ids differ modulo 3, as 1, 2 and 3 do).
+fn snapshot_threshold(every: u64, shard: ShardId, shard_count: u32, node: NodeId) -> u64 {
+    const REPLICA_PARTS: u64 = 3;
+    let slots = (u64::from(shard_count) + 1) * REPLICA_PARTS;
+    let slot = u64::from(shard.min(shard_count)) * REPLICA_PARTS + node % REPLICA_PARTS;
+    every + every / 2 * slot / slots
+}
+
 impl Shards {
-    /// The Raft configuration of group `id`: the node's, with a snapshot threshold of its own.
-    ///
-    /// Shards written at the same rate reach the same entry count together; with one threshold they
-    /// would all snapshot at once, and every snapshot (several MiB: the state and its retry window)
-    /// goes through the one group-commit journal that carries every shard's appends, so writes stalled
-    /// for hundreds of milliseconds. Thresholds spread over [N, 1.5 N) keep the snapshots apart.
+    /// The Raft configuration of group `id`: the node's, with a snapshot threshold of its own
+    /// ([`snapshot_threshold`]).
     fn group_config(&self, id: ShardId) -> Arc<openraft::Config> {
         let SnapshotPolicy::LogsSinceLast(every) = self.raft_config.snapshot_policy else {
             return self.raft_config.clone();
         };
-        // Data shards take slots 0..S, the metadata group (id META) the last one.
-        let slot = u64::from(id.min(self.shard_count));
-        let spread = every / 2 * slot / (u64::from(self.shard_count) + 1);
         let mut cfg = (*self.raft_config).clone();
-        cfg.snapshot_policy = SnapshotPolicy::LogsSinceLast(every + spread);
+        cfg.snapshot_policy =
+            SnapshotPolicy::LogsSinceLast(snapshot_threshold(every, id, self.shard_count, self.node_id));
         Arc::new(cfg)
     }
 

@@ -252,3 +252,20 @@ async fn heavy_groups_are_snapshotted_one_at_a_time_heaviest_first() {
     wait_for(0).await;
     shards.shutdown().await;
 }
+
+#[test]
+fn replicas_of_a_shard_and_the_shards_of_a_node_snapshot_at_different_counts() {
+    let (every, shards) = (10_000, 8);
+    let mut seen = std::collections::BTreeSet::new();
+    for shard in (0..shards).chain([super::META]) {
+        for node in 1..=3 {
+            let t = super::snapshot_threshold(every, shard, shards, node);
+            assert!((every..every + every / 2).contains(&t), "shard {shard} node {node}: {t}");
+            assert!(seen.insert(t), "shard {shard} node {node}: {t} taken twice");
+        }
+    }
+    // Apart by more than a few entries: at half load a shard takes about 200 entries a second.
+    let t: Vec<u64> = (1..=3).map(|node| super::snapshot_threshold(every, 2, shards, node)).collect();
+    assert!(t.windows(2).all(|w| w[0].abs_diff(w[1]) >= 150), "{t:?}");
+    assert_eq!(super::snapshot_threshold(every, 0, shards, 3), every, "the first slot starts at N");
+}

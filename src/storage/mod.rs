@@ -9,11 +9,13 @@
 //! - [`log_store`]: openraft's `RaftLogStorage` for one shard.
 //! - [`log_cache`]: the newest entries of a shard's log in memory, for replication and apply.
 //! - [`snapshot_files`]: one durable snapshot file per shard.
+//! - [`background`]: the lower-priority thread that encodes and writes snapshots.
 //! - [`state_machine`]: openraft's `RaftStateMachine` over `model::ShardState`, durable snapshots.
 //!
 //! This layer sits on the pure model and below everything that moves bytes between nodes: the
 //! cluster transport carries these types, and the shard layer runs groups over them.
 
+pub mod background;
 pub mod group_commit;
 pub mod log_cache;
 pub mod log_store;

@@ -187,8 +187,8 @@ impl StateMachine {
 
 /// Writes a snapshot durably unless a newer one is already stored; hands the data back.
 ///
-/// The file is written and fsynced on the blocking pool, not through the group-commit writer, so a
-/// large snapshot never holds up the log appends of the node's other groups.
+/// The file is written and fsynced on the snapshot thread ([`super::background`]), not through the
+/// group-commit writer, so a large snapshot never holds up the log appends of the node's other groups.
 async fn persist_snapshot(
     shard: ShardId,
     store: &Arc<Store>,
@@ -205,9 +205,8 @@ async fn persist_snapshot(
         }
     }
     let (files, m) = (Arc::clone(store), meta.clone());
-    let data = tokio::task::spawn_blocking(move || files.snapshots.write(shard, &m, &data).map(|()| data))
-        .await
-        .map_err(io::Error::other)??;
+    let background = store.background.clone();
+    let data = background.run(move || files.snapshots.write(shard, &m, &data).map(|()| data)).await??;
     // A snapshot an older version kept in the database is superseded now; its deletion needs no fsync
     // of its own (the file above is what a restart reads first).
     store.writer.write(Store::drop_legacy_snapshot(shard)).await?;
@@ -236,32 +235,33 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     /// openraft send these bytes, the follower refuses an empty snapshot as corrupt rather than read
     /// it as an empty shard.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        // Encoding a large shard takes long: on the blocking pool, not on an async worker that Raft
-        // heartbeats are queued behind.
+        // Encoding a large shard takes long: on the snapshot thread, at a lower priority, not on an
+        // async worker that Raft heartbeats are queued behind.
         let _building = Building::start(&self.work);
         let (shared, work, store) = (Arc::clone(&self.shared), Arc::clone(&self.work), Arc::clone(&self.store));
-        let (meta, data) = tokio::task::spawn_blocking(move || {
-            // The state is held only while its image is taken; apply goes on during the encoding.
-            let (meta, image) = {
-                let a = shared.read().unwrap_or_else(|e| e.into_inner());
-                let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-                work.since.store(0, Ordering::Relaxed);
-                (meta, a.state.snapshot_image())
-            };
-            // The shard grew since its last snapshot: a little room avoids one doubling; a first
-            // snapshot guesses a kilobyte per device (room not written to is never resident).
-            let last = work.last_len.load(Ordering::Relaxed);
-            let hint = (last + last / 8).max(image.device_count().saturating_mul(1024) + (64 << 10));
-            let mut data = store.snapshots.buffer(hint);
-            let started = Instant::now();
-            image.encode_into(&mut data);
-            metrics::histogram!("twinhub_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
-            metrics::counter!("twinhub_snapshot_bytes_total").increment(data.len() as u64);
-            work.last_len.store(data.len(), Ordering::Relaxed);
-            (meta, data)
-        })
-        .await
-        .map_err(io::Error::other)?;
+        let background = self.store.background.clone();
+        let (meta, data) = background
+            .run(move || {
+                // The state is held only while its image is taken; apply goes on during the encoding.
+                let (meta, image) = {
+                    let a = shared.read().unwrap_or_else(|e| e.into_inner());
+                    let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+                    work.since.store(0, Ordering::Relaxed);
+                    (meta, a.state.snapshot_image())
+                };
+                // The shard grew since its last snapshot: a little room avoids one doubling; a first
+                // snapshot guesses a kilobyte per device (room not written to is never resident).
+                let last = work.last_len.load(Ordering::Relaxed);
+                let hint = (last + last / 8).max(image.device_count().saturating_mul(1024) + (64 << 10));
+                let mut data = store.snapshots.buffer(hint);
+                let started = Instant::now();
+                image.encode_into(&mut data);
+                metrics::histogram!("twinhub_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
+                metrics::counter!("twinhub_snapshot_bytes_total").increment(data.len() as u64);
+                work.last_len.store(data.len(), Ordering::Relaxed);
+                (meta, data)
+            })
+            .await?;
         let data = persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, data).await?;
         self.store.snapshots.keep(data);
         Ok(Snapshot { meta, snapshot: Vec::new() })

@@ -40,6 +40,8 @@ pub struct Store {
     pub meta: Keyspace,
     pub writer: GroupCommit,
     pub snapshots: SnapshotFiles,
+    /// Encodes and writes snapshots, at a lower priority ([`super::background`]).
+    pub background: super::background::Background,
 }
 
 pub fn log_key(shard: ShardId, index: u64) -> Vec<u8> {
@@ -112,7 +114,8 @@ fn log_options(memtable_bytes: u64) -> KeyspaceCreateOptions {
 /// lower priority the flush still gets every idle cycle and a share under contention, but yields
 /// to request work when both want a core (like RocksDB's lowered priority for its compaction
 /// threads). Background work only: nothing that acknowledges a write runs in these threads, and
-/// the group-commit writer keeps the default priority. Measured in benches/README.md.
+/// the group-commit writer keeps the default priority. The snapshot thread ([`super::background`])
+/// runs at the same value for the same reason. Measured in benches/README.md.
 pub const BACKGROUND_NICE: i32 = 10;
 
 /// Opens the database from a short-lived thread running at [`BACKGROUND_NICE`]: the workers fjall
@@ -167,7 +170,8 @@ impl Store {
         }
         let snapshots = SnapshotFiles::open(dir.join("snapshots"))?;
         let writer = GroupCommit::start(db.clone(), log.clone(), meta.clone())?;
-        Ok(Store { db, log, meta, writer, snapshots })
+        let background = super::background::Background::start("raft-snapshots")?;
+        Ok(Store { db, log, meta, writer, snapshots, background })
     }
 
     pub fn get_meta<T: DeserializeOwned>(&self, shard: ShardId, key: MetaKey) -> io::Result<Option<T>> {
