@@ -1,14 +1,14 @@
 #!/bin/bash
 # Fixed-rate PATCH run on a fresh 3-node cluster, with every per-second progress line timestamped
 # (wall clock), the nodes' /metrics at the end, and a count of slow seconds.
-#   [BIN=twinhub] [CLIENT=twinhub-bench] [DUR=60] timeline-run.sh LABEL RATE NICE [node-option ...]
+#   [BIN=twinhub] [CLIENT=twinhub-bench] [DUR=60] [SC=16] timeline-run.sh LABEL RATE NICE [node-option ...]
 # NICE other than 0 renices fjall's background threads (flushes, compactions) of every node to it.
 # Run thread-cpu.py beside it to see which threads were busy in a slow second.
 L=$1; R=$2; RN=$3; shift 3
 BIN=${BIN:-twinhub}; CLIENT=${CLIENT:-twinhub-bench}
 OPTS=""; for o in "$@"; do OPTS="$OPTS --node-option $o"; done
 D=/tmp/fr-$L; rm -rf $D
-timeout 60 $BIN cluster up --nodes 3 --shard-count 16 --dir $D $OPTS >/dev/null 2>&1 || { echo "cluster up failed"; exit 1; }
+timeout 60 $BIN cluster up --nodes 3 --shard-count ${SC:-16} --dir $D $OPTS >/dev/null 2>&1 || { echo "cluster up failed"; exit 1; }
 if [ "$RN" != 0 ]; then
   for p in $(pgrep -f "twinhub serve.*$D/"); do
     for t in /proc/$p/task/*; do
