@@ -35,6 +35,12 @@ impl JsonText {
         &self.0
     }
 
+    /// Text read back from storage as it was written: checked to be one JSON value, kept as it is.
+    pub fn parse(text: &str) -> Result<JsonText, serde_json::Error> {
+        let raw: &RawValue = serde_json::from_str(text)?;
+        Ok(JsonText(Arc::from(raw.get())))
+    }
+
     /// The parsed document (tests, snapshots, and the rare caller that needs to look inside).
     pub fn to_value(&self) -> Value {
         serde_json::from_str(&self.0).unwrap_or(Value::Null)

@@ -1,15 +1,19 @@
 //! Shard snapshots: the bytes a Raft snapshot of a shard holds, and the image they are encoded from.
 //!
-//! Three layouts are read; the last is the one written:
+//! Four layouts are read; the last is the one written:
 //! 1. JSON, `{"format":1,"state":{…}}`: the whole state as JSON.
 //! 2. Binary with twin sections as trees: the tag [`NODE_TAG`], then as in 3 except that each
 //!    section is its [`super::Node`] tree in postcard.
-//! 3. Binary: the tag [`BINARY_TAG`], then postcard of [`Binary`] — the state's small parts (cluster
-//!    map, jobs, configurations, certificates, dedupe windows: records that hold arbitrary JSON and
-//!    are few) as JSON text, then the devices in postcard. Devices are nearly all of a loaded shard's
-//!    bytes, and as JSON each node of a twin's tree spelled out its field names and timestamps: a
-//!    1,165-byte twin took about 1.9 KB, and encoding 16 shards of 60k twins each took a fifth of the
-//!    CPU of a bulk load (benches/README.md).
+//! 3. Binary: the tag [`JSON_REPLIES_TAG`], then postcard of [`Binary3`] — the state's small parts
+//!    (cluster map, jobs, configurations, certificates, dedupe windows: records that hold arbitrary
+//!    JSON and are few) as JSON text, then the devices in postcard. Devices are nearly all of a
+//!    loaded shard's bytes, and as JSON each node of a twin's tree spelled out its field names and
+//!    timestamps: a 1,165-byte twin took about 1.9 KB, and encoding 16 shards of 60k twins each took
+//!    a fifth of the CPU of a bulk load (benches/README.md).
+//! 4. As 3, under the tag [`BINARY_TAG`] ([`Binary`]), with the window of recent replies taken out
+//!    of the JSON part and carried as length-prefixed text. The window is up to 4 MiB of twin
+//!    documents, two thirds of a snapshot under write load; inside the JSON part, every encode parsed
+//!    all of it again to embed it as JSON values. Reading checks each reply is one JSON value.
 //!
 //! Twin sections are written as the bytes a shard holds them in ([`super::packed`]), so encoding
 //! copies them and decoding checks them, without building a tree.
@@ -18,11 +22,16 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::command::RequestId;
+use super::json_text::JsonText;
 use super::registry::DeviceEntry;
 use super::{tag_index, ShardState};
 
 /// The first bytes of a binary snapshot. A JSON snapshot starts with `{`.
-const BINARY_TAG: &[u8; 8] = b"twinsnp3";
+const BINARY_TAG: &[u8; 8] = b"twinsnp4";
+
+/// The first bytes of a binary snapshot written with the replies inside its JSON part.
+const JSON_REPLIES_TAG: &[u8; 8] = b"twinsnp3";
 
 /// The first bytes of a binary snapshot written before twin sections were packed.
 const NODE_TAG: &[u8; 8] = b"twinsnp2";
@@ -38,6 +47,16 @@ struct Json {
 
 #[derive(Serialize, Deserialize)]
 struct Binary<'a> {
+    /// JSON of the state with its devices and replies left out.
+    rest: &'a str,
+    /// The window of recent replies, oldest first: request id and document text.
+    #[serde(borrow)]
+    replies: Vec<(RequestId, &'a str)>,
+    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Binary3<'a> {
     /// JSON of the state with its devices left out.
     rest: &'a str,
     devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
@@ -71,9 +90,11 @@ impl SnapshotImage {
         out.clear();
         let mut state = self.0;
         let devices = std::mem::take(&mut state.devices);
+        let replies: Vec<(RequestId, JsonText)> = std::mem::take(&mut state.replies).into();
         let Ok(rest) = serde_json::to_string(&state) else { return };
+        let replies = replies.iter().map(|(id, doc)| (*id, doc.as_str())).collect();
         out.extend_from_slice(BINARY_TAG);
-        if postcard::to_io(&Binary { rest: &rest, devices }, &mut *out).is_err() {
+        if postcard::to_io(&Binary { rest: &rest, replies, devices }, &mut *out).is_err() {
             out.clear();
         }
     }
@@ -108,25 +129,40 @@ impl ShardState {
     /// Reads a snapshot in either layout and rebuilds the query index.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<ShardState, String> {
         let corrupt = |e: &dyn std::fmt::Display| format!("corrupt shard snapshot: {e}");
-        let binary = |body: &[u8]| -> Result<ShardState, String> {
-            let (binary, trailing) = postcard::take_from_bytes::<Binary>(body).map_err(|e| corrupt(&e))?;
-            if !trailing.is_empty() {
-                return Err(corrupt(&format_args!("{} bytes after the devices", trailing.len())));
-            }
+        let whole = |trailing: &[u8]| match trailing.len() {
+            0 => Ok(()),
+            n => Err(corrupt(&format_args!("{n} bytes after the devices"))),
+        };
+        let binary3 = |body: &[u8]| -> Result<ShardState, String> {
+            let (binary, trailing) = postcard::take_from_bytes::<Binary3>(body).map_err(|e| corrupt(&e))?;
+            whole(trailing)?;
             let mut state: ShardState = serde_json::from_str(binary.rest).map_err(|e| corrupt(&e))?;
             state.devices = binary.devices;
             Ok(state)
         };
-        let mut state = match (bytes.strip_prefix(BINARY_TAG), bytes.strip_prefix(NODE_TAG)) {
-            (Some(body), _) => binary(body)?,
-            (None, Some(body)) => super::packed::with_node_layout(|| binary(body))?,
-            (None, None) => {
-                let snap: Json = serde_json::from_slice(bytes).map_err(|e| corrupt(&e))?;
-                if snap.format != JSON_FORMAT {
-                    return Err(format!("unknown shard snapshot format {}", snap.format));
-                }
-                snap.state
+        let binary = |body: &[u8]| -> Result<ShardState, String> {
+            let (binary, trailing) = postcard::take_from_bytes::<Binary>(body).map_err(|e| corrupt(&e))?;
+            whole(trailing)?;
+            let mut state: ShardState = serde_json::from_str(binary.rest).map_err(|e| corrupt(&e))?;
+            let replies = binary.replies.into_iter().map(|(id, text)| Ok((id, JsonText::parse(text)?)));
+            let replies: Result<Vec<_>, serde_json::Error> = replies.collect();
+            state.replies = replies.map_err(|e| corrupt(&format_args!("a reply: {e}")))?.into();
+            state.devices = binary.devices;
+            Ok(state)
+        };
+        let tagged = |tag: &[u8; 8]| bytes.strip_prefix(tag.as_slice());
+        let mut state = if let Some(body) = tagged(BINARY_TAG) {
+            binary(body)?
+        } else if let Some(body) = tagged(JSON_REPLIES_TAG) {
+            binary3(body)?
+        } else if let Some(body) = tagged(NODE_TAG) {
+            super::packed::with_node_layout(|| binary3(body))?
+        } else {
+            let snap: Json = serde_json::from_slice(bytes).map_err(|e| corrupt(&e))?;
+            if snap.format != JSON_FORMAT {
+                return Err(format!("unknown shard snapshot format {}", snap.format));
             }
+            snap.state
         };
         state.tag_index = state.rebuilt_tag_index();
         Ok(state)
@@ -166,14 +202,48 @@ mod tests {
             1_700_000_000_500,
         );
         assert!(state.apply(&cmd).result.is_ok());
+        assert!(state.replies.get(&cmd.request_id).is_some(), "the write's reply is in the window");
         let current = state.encode_snapshot();
-        let old = super::super::packed::with_node_layout(|| state.snapshot_image().encode(0));
-        assert_ne!(old[BINARY_TAG.len()..], current[BINARY_TAG.len()..], "sections differ in layout");
-        let old = [&NODE_TAG[..], &old[BINARY_TAG.len()..]].concat();
-        let read = ShardState::decode_snapshot(&old).expect("tree layout");
-        assert_eq!(read, state);
-        assert_eq!(ShardState::decode_snapshot(&current).expect("packed layout"), state);
-        assert!(read.tag_index_is_consistent());
+        assert!(current.starts_with(BINARY_TAG));
+        let v3 = [&JSON_REPLIES_TAG[..], &layout3(&state)].concat();
+        let v2 = [&NODE_TAG[..], &super::super::packed::with_node_layout(|| layout3(&state))].concat();
+        assert_ne!(v2[NODE_TAG.len()..], v3[JSON_REPLIES_TAG.len()..], "sections differ in layout");
+        for (name, bytes) in [("tree", &v2), ("replies in JSON", &v3), ("replies as text", &current)] {
+            let read = ShardState::decode_snapshot(bytes).unwrap_or_else(|e| panic!("{name} layout: {e}"));
+            assert_eq!(read, state, "{name} layout");
+            assert!(read.tag_index_is_consistent(), "{name} layout");
+        }
+    }
+
+    /// The body of the third layout: the state's JSON with the replies in it, then the devices.
+    fn layout3(state: &ShardState) -> Vec<u8> {
+        let mut state = state.clone();
+        let devices = std::mem::take(&mut state.devices);
+        let rest = serde_json::to_string(&state).expect("json");
+        postcard::to_allocvec(&Binary3 { rest: &rest, devices }).expect("postcard")
+    }
+
+    #[test]
+    fn a_reply_that_is_not_json_is_refused() {
+        let mut state = ShardState::default();
+        let device = crate::model::DeviceSpec::test_sas("d1");
+        state.apply(&crate::model::Command::new(crate::model::Op::PutDevice { device, if_match: None }, 1));
+        let cmd = crate::model::Command::new(
+            crate::model::Op::UpdateTwin {
+                id: crate::TwinId::device("d1"),
+                patch_json: r#"{"properties":{"desired":{"fw":"2.0"}}}"#.into(),
+                if_match: None,
+            },
+            2,
+        );
+        assert!(state.apply(&cmd).result.is_ok());
+        let bytes = state.encode_snapshot();
+        // The reply's text starts with the twin's `{"deviceId":"d1"`: make it not JSON.
+        let at = bytes.windows(12).position(|w| w == br#"{"deviceId":"#).expect("the reply's text");
+        let mut bad = bytes.clone();
+        bad[at] = b'<';
+        let refused = ShardState::decode_snapshot(&bad).unwrap_err();
+        assert!(refused.contains("corrupt shard snapshot: a reply"), "{refused}");
     }
 
     #[test]
