@@ -235,20 +235,26 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     /// openraft send these bytes, the follower refuses an empty snapshot as corrupt rather than read
     /// it as an empty shard.
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
-        // Encoding a large shard takes long: on the snapshot thread, at a lower priority, not on an
-        // async worker that Raft heartbeats are queued behind.
         let _building = Building::start(&self.work);
-        let (shared, work, store) = (Arc::clone(&self.shared), Arc::clone(&self.work), Arc::clone(&self.store));
-        let background = self.store.background.clone();
-        let (meta, data) = background
+        // The image is taken under the state's lock, which apply needs too: at the default priority,
+        // so that a thread at a lower one is never preempted holding it, and on the blocking pool,
+        // since copying a large shard's map takes milliseconds an async worker would owe Raft.
+        let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
+        let (meta, image) = tokio::task::spawn_blocking(move || {
+            let a = shared.read().unwrap_or_else(|e| e.into_inner());
+            let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
+            work.since.store(0, Ordering::Relaxed);
+            (meta, a.state.snapshot_image())
+        })
+        .await
+        .map_err(io::Error::other)?;
+        // Encoding takes long, and holds nothing apply needs: on the snapshot thread, at a lower
+        // priority.
+        let (work, store) = (Arc::clone(&self.work), Arc::clone(&self.store));
+        let data = self
+            .store
+            .background
             .run(move || {
-                // The state is held only while its image is taken; apply goes on during the encoding.
-                let (meta, image) = {
-                    let a = shared.read().unwrap_or_else(|e| e.into_inner());
-                    let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
-                    work.since.store(0, Ordering::Relaxed);
-                    (meta, a.state.snapshot_image())
-                };
                 // The shard grew since its last snapshot: a little room avoids one doubling; a first
                 // snapshot guesses a kilobyte per device (room not written to is never resident).
                 let last = work.last_len.load(Ordering::Relaxed);
@@ -259,7 +265,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 metrics::histogram!("twinhub_snapshot_encode_seconds").record(started.elapsed().as_secs_f64());
                 metrics::counter!("twinhub_snapshot_bytes_total").increment(data.len() as u64);
                 work.last_len.store(data.len(), Ordering::Relaxed);
-                (meta, data)
+                data
             })
             .await?;
         let data = persist_snapshot(self.shard, &self.store, &self.snapshot, &meta, data).await?;
