@@ -49,7 +49,7 @@ pub struct ServeArgs {
     /// This node's id in the cluster; never reused for another node [default: 1]
     #[arg(long)]
     pub node_id: Option<u64>,
-    /// Inter-node (Raft and forwarding, HTTP/2) address; unset: a single-node hub [default: off]
+    /// Inter-node (Raft and forwarding) address; unset: a single-node hub [default: off]
     #[arg(long)]
     pub cluster_listen: Option<String>,
     /// Address other nodes dial for --cluster-listen [default: the --cluster-listen address]

@@ -14,7 +14,7 @@
 //! - [`storage`]: Raft storage: the log and state machine of every group live in one fjall database per
 //!   node, and a single writer group-commits the appends of every shard.
 //! - [`shard`]: one openraft group per shard, placed by the cluster map.
-//! - [`cluster`]: shard placement; the node-to-node transport (one authenticated HTTP/2 connection per peer).
+//! - [`cluster`]: shard placement; the node-to-node transport (one authenticated connection per peer).
 //! - [`twin`]: one ractor actor per *active* twin; it orders that twin's requests and pipelines them into
 //!   its shard's Raft group. Actors are spawned on first use and passivated when idle.
 //! - [`auth`]: SAS token parsing and verification, shared access policies.

@@ -1,6 +1,6 @@
 //! Inter-node mutual TLS, against a real `twinhub cluster up`: nodes talk TLS 1.3 with certificates
 //! from the cluster's own CA; a plaintext peer, a peer without a certificate and a peer whose
-//! certificate (or CA) is foreign are refused before any HTTP/2; a node's server certificate is for
+//! certificate (or CA) is foreign are refused before any request is read; a node's server certificate is for
 //! that node only; and a packet capture of the cluster ports during writes shows none of the twin
 //! JSON that a capture of the plain MQTT port (same writes) does show.
 
@@ -11,31 +11,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use common::cluster::*;
 use common::*;
-use http_body_util::Full;
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// Sends one HTTP/2 request over `io`; `Err` if the connection is refused at any step.
-async fn h2_request<I>(io: I) -> Result<u16, String>
+/// Sends one (unsigned) request frame over `io`; `Err` if the connection is refused at any step.
+async fn frame_request<I>(io: I) -> Result<u16, String>
 where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let (mut sender, conn) =
-        http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.map_err(|e| format!("h2 handshake: {e}"))?;
-    tokio::spawn(conn);
-    let req = hyper::Request::post("http://node/cluster/v3/call/node.status")
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| format!("request: {e}"))?;
-    Ok(resp.status().as_u16())
+    Ok(frames::request(io, "/cluster/v3/call/node.status", &[], b"").await?.status)
 }
 
 /// TCP + TLS with `config` to node `id` at `addr`, then one request.
@@ -45,7 +34,7 @@ async fn tls_request(addr: SocketAddr, id: u64, config: Arc<rustls::ClientConfig
         .connect(cluster_node_name(id), tcp)
         .await
         .map_err(|e| format!("TLS: {e}"))?;
-    h2_request(tls).await
+    frame_request(tls).await
 }
 
 /// A CA and a certificate named like node `id`, from nobody this cluster knows.
@@ -115,13 +104,13 @@ async fn nodes_talk_mutual_tls_and_refuse_plaintext_and_foreign_peers() {
     let tmp = tempfile::tempdir().unwrap();
     let cluster_ca = c.dir.join("shared/tls/cluster-ca.pem");
 
-    // A member's certificate gets an HTTP answer (401 here: the request is not signed).
+    // A member's certificate gets an answer (401 here: the request is not signed).
     let member = tokio::time::timeout(WAIT, tls_request(n1, 1, c.member_tls(2))).await.expect("in time");
     assert_eq!(member, Ok(401), "a member's TLS reaches the signature check");
 
-    // Plaintext HTTP/2 (what nodes spoke before TLS): no HTTP answer at all.
+    // A plaintext request (what nodes spoke before TLS): no answer at all.
     let tcp = TcpStream::connect(n1).await.unwrap();
-    let plain = tokio::time::timeout(WAIT, h2_request(tcp)).await.expect("refused in time, not hung");
+    let plain = tokio::time::timeout(WAIT, frame_request(tcp)).await.expect("refused in time, not hung");
     assert!(plain.is_err(), "a plaintext peer got an answer: {plain:?}");
 
     // TLS without a client certificate: refused.

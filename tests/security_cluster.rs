@@ -1,6 +1,6 @@
 //! The inter-node (cluster) port under attack, against real `twinhub` processes: `twinhub cluster up`
-//! starts three nodes on loopback, and the test talks to their cluster ports with a raw HTTP/2 client
-//! holding a member's TLS certificate (the second line of defence: what the signatures stop even a
+//! starts three nodes on loopback, and the test talks to their cluster ports with a raw client of the
+//! inter-node frames holding a member's TLS certificate (the second line of defence: what the signatures stop even a
 //! certificate holder from doing; `tests/cluster_tls.rs` covers strangers without one), then checks
 //! that the cluster still serves clients.
 //!
@@ -19,7 +19,6 @@
 
 use twinhub_testkit as common;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,16 +28,12 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use bytes::Bytes;
 use common::cluster::*;
-use futures::StreamExt;
 use hmac::{Hmac, Mac};
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Body, Frame};
-use hyper::client::conn::http2;
 use hyper::header::HeaderValue;
-use hyper::{HeaderMap, Method, Request, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const SHARDS: u32 = 2;
@@ -124,76 +119,77 @@ impl Answer {
 
 /// The TLS identity the attacker holds: node 2's cluster certificate (a member's, or a stolen one),
 /// and which node listens where. Inter-node traffic is mutual TLS, so without a member certificate
-/// nobody reaches the HTTP/2 layer at all (`tests/cluster_tls.rs`); these tests are about what the
+/// nobody reaches the request frames at all (`tests/cluster_tls.rs`); these tests are about what the
 /// signatures still stop a certificate holder from doing.
 static MEMBER: std::sync::OnceLock<(Arc<rustls::ClientConfig>, std::collections::HashMap<SocketAddr, u64>)> =
     std::sync::OnceLock::new();
 
-/// An HTTP/2 connection over TLS to a cluster port, with node 2's certificate.
-async fn h2<B>(addr: SocketAddr) -> http2::SendRequest<B>
-where
-    B: Body + Send + Unpin + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+/// A TLS connection to a cluster port, with node 2's certificate.
+async fn member_conn(addr: SocketAddr) -> tokio_rustls::client::TlsStream<TcpStream> {
     let (tls, ids) = MEMBER.get().expect("the member identity is set up first");
     let tcp = tokio::time::timeout(IO_WAIT, TcpStream::connect(addr)).await.expect("connect in time").expect("connect");
     let name = cluster_node_name(ids[&addr]);
-    let tls = tokio::time::timeout(IO_WAIT, tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp))
+    tokio::time::timeout(IO_WAIT, tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp))
         .await
         .expect("TLS in time")
-        .expect("TLS handshake with a member certificate");
-    let (sender, conn) = tokio::time::timeout(IO_WAIT, http2::handshake(TokioExecutor::new(), TokioIo::new(tls)))
-        .await
-        .expect("handshake in time")
-        .expect("HTTP/2 handshake");
-    tokio::spawn(conn);
-    sender
+        .expect("TLS handshake with a member certificate")
 }
 
-fn post<B>(addr: SocketAddr, path: &str, headers: &HeaderMap, body: B) -> Request<B> {
-    let mut req = Request::new(body);
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = format!("http://{addr}{path}").parse().expect("uri");
-    *req.headers_mut() = headers.clone();
-    req
+fn header_list(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+    headers.iter().map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec())).collect()
 }
 
-/// One POST on a fresh connection; the whole answer.
+fn header_map(list: Vec<(String, Vec<u8>)>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (n, v) in list {
+        let name = hyper::header::HeaderName::from_bytes(n.as_bytes()).expect("header name");
+        h.append(name, HeaderValue::from_bytes(&v).expect("header value"));
+    }
+    h
+}
+
+/// One request on a fresh connection; the whole answer.
 async fn send(addr: SocketAddr, path: &str, headers: &HeaderMap, body: Bytes) -> Answer {
-    let mut sender = h2::<Full<Bytes>>(addr).await;
-    let resp = tokio::time::timeout(IO_WAIT, sender.send_request(post(addr, path, headers, Full::new(body))))
+    let io = member_conn(addr).await;
+    let a = tokio::time::timeout(IO_WAIT, frames::request(io, path, &header_list(headers), &body))
         .await
         .expect("answer in time")
         .expect("answer");
-    let (parts, body) = resp.into_parts();
-    let body = tokio::time::timeout(IO_WAIT, body.collect()).await.expect("body in time").expect("body").to_bytes();
-    Answer { status: parts.status, headers: parts.headers, body }
+    Answer {
+        status: StatusCode::from_u16(a.status).expect("status"),
+        headers: header_map(a.headers),
+        body: a.body.into(),
+    }
 }
 
 /// What one bogus upload achieved.
 struct Upload {
     status: Option<StatusCode>,
-    /// Bytes the client handed to its connection before the refusal (HTTP/2 takes them only as the
-    /// server's flow-control window allows).
+    /// Bytes the client handed to its connection before the refusal (the connection takes them only
+    /// as far as the sockets' buffers go while the server reads nothing).
     handed_over: u64,
     answered_after: Duration,
 }
 
-/// A 60 MiB POST streamed in 1 MiB chunks, with the given (invalid or absent) signature header.
+/// A 60 MiB request streamed in 1 MiB chunks, with the given (invalid or absent) signature header.
 async fn bogus_upload(addr: SocketAddr, headers: HeaderMap) -> Upload {
+    let (mut r, mut w) = tokio::io::split(member_conn(addr).await);
     let handed_over = Arc::new(AtomicU64::new(0));
     let counter = handed_over.clone();
-    let chunk = Bytes::from(vec![0x5a; CHUNK]);
-    let chunks = futures::stream::iter(0..UPLOAD_BYTES / CHUNK as u64).map(move |_| {
-        counter.fetch_add(CHUNK as u64, Ordering::Relaxed);
-        Ok::<_, Infallible>(Frame::data(chunk.clone()))
-    });
-    let mut sender = h2::<StreamBody<_>>(addr).await;
     let start = Instant::now();
-    let req = post(addr, STATUS_PATH, &headers, StreamBody::new(chunks));
-    let status = match tokio::time::timeout(IO_WAIT, sender.send_request(req)).await {
-        Ok(Ok(resp)) => Some(resp.status()),
+    let head = frames::request_head(1, STATUS_PATH, &header_list(&headers), UPLOAD_BYTES as usize);
+    let writer = tokio::spawn(async move {
+        w.write_all(&head).await?;
+        let chunk = vec![0x5a; CHUNK];
+        for _ in 0..UPLOAD_BYTES / CHUNK as u64 {
+            w.write_all(&chunk).await?;
+            w.flush().await?;
+            counter.fetch_add(CHUNK as u64, Ordering::Relaxed);
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let status = match tokio::time::timeout(IO_WAIT, frames::read_answer(&mut r)).await {
+        Ok(Ok(a)) => StatusCode::from_u16(a.status).ok(),
         // A reset instead of an answer also refuses; the test only requires the refusal to be quick.
         Ok(Err(e)) => {
             eprintln!("upload ended without an answer: {e}");
@@ -201,7 +197,9 @@ async fn bogus_upload(addr: SocketAddr, headers: HeaderMap) -> Upload {
         }
         Err(_) => panic!("a bogus upload was neither answered nor closed within {IO_WAIT:?}"),
     };
-    Upload { status, handed_over: handed_over.load(Ordering::Relaxed), answered_after: start.elapsed() }
+    let answered_after = start.elapsed();
+    writer.abort();
+    Upload { status, handed_over: handed_over.load(Ordering::Relaxed), answered_after }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

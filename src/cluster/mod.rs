@@ -4,7 +4,7 @@
 //!   `twinhub-core`).
 //! - [`placement`]: which nodes hold each shard's replicas, and balanced rebalance plans (pure, from
 //!   `twinhub-core`).
-//! - [`transport`]: one authenticated HTTP/2 connection per peer carrying every shard group's Raft
+//! - [`transport`]: one authenticated connection per peer carrying every shard group's Raft
 //!   RPCs and generic calls (request forwarding); the server side dispatches to local groups.
 
 pub use twinhub_core::cluster::{map, placement};

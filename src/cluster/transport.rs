@@ -1,15 +1,18 @@
 //! Node-to-node transport: Raft RPCs of every shard group, and generic calls (request forwarding),
-//! over one multiplexed HTTP/2 connection per peer.
+//! as length-prefixed frames over one connection per peer (and a second one for large bodies).
 //!
 //! - [`Transport`]: the client side and the node's registries; `ShardRouter` (in `shard::network`)
 //!   sends openraft's RPCs through it, tagged with the shard id.
 //! - [`server`]: [`RaftRpcService`] authenticates a request, then dispatches it to the local group of
 //!   a shard ([`LocalGroups`]) or to a registered call handler ([`CallHandlers`]).
 //! - [`listen`]: [`serve`] runs it on a bound listener, under the listener's connection gate.
+//! - [`frame`]: the framing: requests and answers by id on one connection, keep-alive pings, the
+//!   bulk connection for large bodies. It replaced HTTP/2, whose framing, flow control and HPACK
+//!   cost about a tenth of the nodes' CPU under load (measured in `benches/README.md`).
 //! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
 //! - [`batch`]: every group's AppendEntries to one peer share a call when they queue up.
-//! - [`wire`]: endpoints (`POST /cluster/v3/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
-//!   `POST /cluster/v3/call/{name}`), the protocol version and postcard envelopes.
+//! - [`wire`]: endpoints (the paths `/cluster/v3/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
+//!   `/cluster/v3/call/{name}`), the protocol version and postcard envelopes.
 //! - [`auth`]: request and response signatures; [`replay`]: the receiver's nonce cache.
 //!
 //! # Deadlines
@@ -22,7 +25,7 @@
 //! # Authentication, and what it does not do
 //! Members share a cluster secret. Every request carries, in one header, the sender's node id, a
 //! timestamp, a fresh 128-bit nonce, the body's length and SHA-256, and an HMAC-SHA256 over those, the
-//! method and the path, in a request-only domain (see [`auth`]). A receiver checks the header MAC (constant time) and
+//! method (always `POST`) and the path, in a request-only domain (see [`auth`]). A receiver checks the header MAC (constant time) and
 //! the clock skew (60 s) before it reads any body byte, refuses a nonce it has seen from that sender
 //! within the skew window ([`replay`]), then reads at most the declared length and compares the digest.
 //! Refusals are unsigned. An answer to an authenticated request is signed in a response-only domain
@@ -49,6 +52,7 @@ pub mod auth;
 pub mod batch;
 pub mod error;
 pub mod failover;
+pub mod frame;
 pub mod listen;
 pub mod peers;
 pub mod replay;
@@ -63,9 +67,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::{Method, Request, StatusCode, Uri};
+use hyper::{Method, StatusCode};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
     VoteRequest, VoteResponse,
@@ -121,27 +124,24 @@ pub struct TransportConfig {
     pub secret: ClusterSecret,
     /// Deadline of a call when the caller gives none.
     pub call_timeout: Duration,
-    /// Upper bound of one connect (TCP + HTTP/2 handshake); the request deadline may cut it shorter.
+    /// Upper bound of one connect (TCP + TLS handshake); the request deadline may cut it shorter.
     pub connect_timeout: Duration,
     /// First backoff after a failed connect; doubles per further failure up to `backoff_max`.
     pub backoff_min: Duration,
     /// Longest backoff: how stale our view of a recovered peer can get.
     pub backoff_max: Duration,
-    /// HTTP/2 PING interval and timeout: detects a peer that vanished without closing (power loss).
+    /// Keep-alive: a client pings a connection silent this long and closes it after twice this; a
+    /// server closes a connection silent for three times this. Detects a peer that vanished without
+    /// closing (power loss, a partition).
     pub keepalive: Duration,
     /// A sender that does not deliver its body in this time is dropped (server side).
     pub body_read_timeout: Duration,
     pub limits: BodyLimits,
-    /// HTTP/2 receive windows. Big enough that a snapshot streams at link speed on a LAN (1 MiB per
-    /// round trip), small enough that what a stranger's streams make the server buffer before their
-    /// refusal stays small (a stream holds at most its window, a connection at most its window).
-    pub h2_stream_window: u32,
-    pub h2_connection_window: u32,
-    pub h2_max_frame: u32,
-    /// Concurrent requests per connection (server side): every group's RPCs to one node share it.
-    pub h2_max_concurrent_streams: u32,
-    /// Largest header list the server accepts: ours are a few hundred bytes.
-    pub h2_max_header_list: u32,
+    /// Requests one connection may have running at once (server side): every group's RPCs to one
+    /// node share it. The next request is not read while they all run.
+    pub max_requests_per_connection: usize,
+    /// Largest request head (path and headers) the server reads: ours are a few hundred bytes.
+    pub max_head: usize,
     /// Calls per peer carrying AppendEntries at once; what queues meanwhile leaves together in the
     /// next (see [`batch`]). 0: every AppendEntries is a call of its own.
     pub append_calls_in_flight: usize,
@@ -162,11 +162,8 @@ impl TransportConfig {
             keepalive: Duration::from_secs(5),
             body_read_timeout: Duration::from_secs(30),
             limits: BodyLimits::default(),
-            h2_stream_window: 1 << 20,
-            h2_connection_window: 4 << 20,
-            h2_max_frame: 256 << 10,
-            h2_max_concurrent_streams: 1024,
-            h2_max_header_list: 16 << 10,
+            max_requests_per_connection: 1024,
+            max_head: 16 << 10,
             append_calls_in_flight: 2,
             tls: None,
         }
@@ -349,15 +346,10 @@ impl Transport {
 
     async fn exchange(&self, target: NodeId, endpoint: &Endpoint, body: Bytes) -> Result<Bytes, TransportError> {
         let peer = self.inner.peers.get(target).ok_or(TransportError::UnknownPeer(target))?;
-        let mut conn = peer.conn(&self.inner.config).await?;
+        let conn = peer.conn(&self.inner.config, peers::Lane::for_body(body.len())).await?;
         let path = endpoint.path();
         let config = &self.inner.config;
 
-        let uri: Uri = format!("http://{}{}", peer.addr, path).parse().map_err(|e| TransportError::Connect {
-            node: target,
-            addr: peer.addr.clone(),
-            source: Arc::new(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)),
-        })?;
         let nonce = Nonce::random();
         let envelope = Envelope {
             direction: Direction::Request { method: Method::POST.as_str() },
@@ -367,33 +359,29 @@ impl Transport {
             nonce,
             body: BodyDigest::of(&body),
         };
-        let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
-        *req.uri_mut() = uri;
-        config.secret.sign_headers(req.headers_mut(), &envelope);
-        req.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
-
-        let resp = match conn.sender.send_request(req).await {
+        let mut headers = hyper::HeaderMap::new();
+        config.secret.sign_headers(&mut headers, &envelope);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/postcard"));
+        let (status, rheaders, answer) = match conn.sender.send(&path, &headers, &body).await {
             Ok(r) => r,
             Err(source) => {
-                peer.broken(conn.generation);
-                return Err(TransportError::Http { node: target, source: Arc::new(source) });
+                peer.broken(&conn);
+                return Err(TransportError::Connection { node: target, source: Arc::new(source) });
             }
         };
-        let (parts, incoming) = resp.into_parts();
-        // The answer's headers are checked before its body is read, as on the server.
+        let mut resp = hyper::Response::new(());
+        *resp.status_mut() = status;
+        *resp.headers_mut() = rheaders;
+        let (parts, ()) = resp.into_parts();
+        // The answer's headers are checked before its body is used, as on the server.
         let claim = verify_answer(target, &parts, &path, nonce, config)?;
         let limit = config.limits.for_endpoint(endpoint);
-        if claim.body.len > limit as u64 {
+        if claim.body.len > limit as u64 || answer.len() as u64 != claim.body.len {
             return Err(TransportError::Decode {
                 node: target,
-                msg: format!("answer of {} bytes, limit {limit}", claim.body.len),
+                msg: format!("answer of {} bytes, declared {}, limit {limit}", answer.len(), claim.body.len),
             });
         }
-        let answer = match Limited::new(incoming, claim.body.len as usize).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) => return Err(TransportError::Decode { node: target, msg: format!("reading the answer: {e}") }),
-        };
         claim.check_body(&answer).map_err(|source| TransportError::ResponseAuth { node: target, source })?;
         if parts.status != StatusCode::OK {
             return Err(TransportError::Remote { node: target, failure: RpcFailure::from_body(parts.status, &answer) });

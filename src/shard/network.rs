@@ -1,7 +1,7 @@
 //! Raft networking of the shard groups.
 //!
 //! Shaped for openraft-multi: one [`ShardRouter`] per node is shared by every group (so there is one
-//! HTTP/2 connection per peer node, carrying the shard id with each RPC), and each group's
+//! connection per peer node, carrying the shard id with each RPC), and each group's
 //! [`NetworkFactory`] is a `GroupNetworkFactory` binding that router to its shard id. The router sends
 //! over the node's [`Transport`]; `ShardRouter::default()` has none (single-voter groups), and every
 //! send is `Unreachable`.

@@ -57,6 +57,11 @@ pub fn node_of_cert(cert: &CertificateDer<'_>) -> Option<NodeId> {
     ids.next().is_none().then_some(id)
 }
 
+/// The application protocol nodes negotiate in the TLS handshake: the inter-node frames. A node of a
+/// release that spoke HTTP/2 between nodes offers `h2` and is refused in the handshake, with
+/// "no application protocol", instead of failing later on bytes it cannot read.
+pub const ALPN: &[u8] = b"twinhub-frames/1";
+
 /// Where a node's cluster TLS material is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterTlsFiles {
@@ -154,7 +159,7 @@ impl ClusterTls {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain.clone(), key.clone_key())?;
-        server.alpn_protocols = vec![b"h2".to_vec()];
+        server.alpn_protocols = vec![ALPN.to_vec()];
         let any = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
             .build()
             .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
@@ -163,12 +168,12 @@ impl ClusterTls {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyNode(any)))
             .with_client_auth_cert(chain.clone(), key.clone_key())?;
-        client_any_node.alpn_protocols = vec![b"h2".to_vec()];
+        client_any_node.alpn_protocols = vec![ALPN.to_vec()];
         let mut client = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)?;
-        client.alpn_protocols = vec![b"h2".to_vec()];
+        client.alpn_protocols = vec![ALPN.to_vec()];
         Ok(ClusterTls {
             server: Arc::new(server),
             client: Arc::new(client),

@@ -637,7 +637,7 @@ pub fn cluster_tls_client(
         }
         None => b.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![b"twinhub-frames/1".to_vec()];
     std::sync::Arc::new(config)
 }
 
@@ -649,4 +649,109 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// The inter-node framing, as a member speaks it, written from its description (not borrowed from the
+/// server) so that tests pin the wire format: `u32` head length and `u32` body length (little-endian),
+/// the head (`u64` id, `u8` kind — 1 request, 2 answer, 3 ping, 4 pong —, `u16` status, `u16` path
+/// length and path, `u16` header count, per header `u16` name length, name, `u32` value length,
+/// value), then the body.
+pub mod frames {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+    /// An answer: its status, headers (lower-case names) and body.
+    #[derive(Debug)]
+    pub struct FrameAnswer {
+        pub status: u16,
+        pub headers: Vec<(String, Vec<u8>)>,
+        pub body: Vec<u8>,
+    }
+
+    /// The lengths and head of a request frame declaring `body_len` body bytes (which follow it).
+    pub fn request_head(id: u64, path: &str, headers: &[(String, Vec<u8>)], body_len: usize) -> Vec<u8> {
+        let mut head = Vec::new();
+        head.extend_from_slice(&id.to_le_bytes());
+        head.push(1);
+        head.extend_from_slice(&0u16.to_le_bytes());
+        head.extend_from_slice(&(path.len() as u16).to_le_bytes());
+        head.extend_from_slice(path.as_bytes());
+        head.extend_from_slice(&(headers.len() as u16).to_le_bytes());
+        for (name, value) in headers {
+            head.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            head.extend_from_slice(name.as_bytes());
+            head.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            head.extend_from_slice(value);
+        }
+        let mut frame = Vec::with_capacity(8 + head.len());
+        frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&(body_len as u32).to_le_bytes());
+        frame.extend_from_slice(&head);
+        frame
+    }
+
+    fn bad(what: &str) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
+    }
+
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> std::io::Result<&'a [u8]> {
+        if b.len() < n {
+            return Err(bad("short head"));
+        }
+        let (x, rest) = b.split_at(n);
+        *b = rest;
+        Ok(x)
+    }
+
+    /// Reads the next answer frame (pongs are skipped).
+    pub async fn read_answer<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<FrameAnswer> {
+        loop {
+            let head_len = r.read_u32_le().await? as usize;
+            let body_len = r.read_u32_le().await? as usize;
+            if head_len > 1 << 20 || body_len > 64 << 20 {
+                return Err(bad("frame too large"));
+            }
+            let mut head = vec![0; head_len];
+            r.read_exact(&mut head).await?;
+            let mut body = vec![0; body_len];
+            r.read_exact(&mut body).await?;
+            let mut h = &head[..];
+            let _id = take(&mut h, 8)?;
+            let kind = take(&mut h, 1)?[0];
+            let status = u16::from_le_bytes(take(&mut h, 2)?.try_into().map_err(|_| bad("status"))?);
+            let path_len = u16::from_le_bytes(take(&mut h, 2)?.try_into().map_err(|_| bad("path"))?) as usize;
+            take(&mut h, path_len)?;
+            let count = u16::from_le_bytes(take(&mut h, 2)?.try_into().map_err(|_| bad("count"))?);
+            let mut headers = Vec::new();
+            for _ in 0..count {
+                let n = u16::from_le_bytes(take(&mut h, 2)?.try_into().map_err(|_| bad("name"))?) as usize;
+                let name = String::from_utf8_lossy(take(&mut h, n)?).into_owned();
+                let v = u32::from_le_bytes(take(&mut h, 4)?.try_into().map_err(|_| bad("value"))?) as usize;
+                headers.push((name, take(&mut h, v)?.to_vec()));
+            }
+            match kind {
+                2 => return Ok(FrameAnswer { status, headers, body }),
+                4 => continue,
+                k => return Err(bad(&format!("frame kind {k} where an answer was due"))),
+            }
+        }
+    }
+
+    /// One request on `io` (a fresh connection) and its answer; `Err` if the connection is refused or
+    /// closed first.
+    pub async fn request<IO>(
+        io: IO,
+        path: &str,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) -> Result<FrameAnswer, String>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (mut r, mut w) = tokio::io::split(io);
+        let mut frame = request_head(1, path, headers, body.len());
+        frame.extend_from_slice(body);
+        w.write_all(&frame).await.map_err(|e| format!("write: {e}"))?;
+        w.flush().await.map_err(|e| format!("flush: {e}"))?;
+        read_answer(&mut r).await.map_err(|e| format!("answer: {e}"))
+    }
 }

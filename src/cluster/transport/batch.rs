@@ -3,7 +3,7 @@
 //! Each shard group replicates on its own: openraft sends a group's next AppendEntries to a follower
 //! only after the answer to its last, so with tens of groups leading on a node there are as many
 //! requests in flight to each peer. An inter-node call costs tens of microseconds of CPU at both ends
-//! (HTTP/2 framing, header maps, the signature) whatever it carries, so the requests to one peer queue
+//! (framing, header maps, the signature) whatever it carries, so the requests to one peer queue
 //! here and leave together: at most [`TransportConfig::append_calls_in_flight`] calls per peer carry
 //! whatever has queued while the previous ones were out, as one `append-batch` request (a single
 //! queued request travels alone, as a plain `append`). An idle peer's first request leaves at once:

@@ -17,7 +17,7 @@ pub enum TransportError {
     /// Recent connects to the node failed: fail fast instead of waiting for another connect timeout.
     #[error("node {node} at {addr} is unreachable ({failures} failed connects), next attempt in {retry_in:?}")]
     Backoff { node: NodeId, addr: String, failures: u32, retry_in: Duration },
-    /// Connecting (TCP or the HTTP/2 handshake) failed; the node enters backoff.
+    /// Connecting (TCP or the TLS handshake) failed; the node enters backoff.
     #[error("connecting to node {node} at {addr}: {source}")]
     Connect {
         node: NodeId,
@@ -30,10 +30,10 @@ pub enum TransportError {
     Timeout { node: NodeId, after: Duration },
     /// The connection failed while the request was in flight; the next request reconnects.
     #[error("connection to node {node} failed: {source}")]
-    Http {
+    Connection {
         node: NodeId,
         #[source]
-        source: Arc<hyper::Error>,
+        source: Arc<std::io::Error>,
     },
     /// The peer refused or failed the request.
     #[error("node {node} answered: {failure}")]
@@ -87,7 +87,7 @@ impl TransportError {
             TransportError::Backoff { .. } => "backoff",
             TransportError::Connect { .. } => "connect",
             TransportError::Timeout { .. } => "timeout",
-            TransportError::Http { .. } => "http",
+            TransportError::Connection { .. } => "connection",
             TransportError::Remote { failure, .. } => failure.label(),
             TransportError::ResponseAuth { .. } => "response_auth",
             TransportError::Protocol { .. } => "protocol_version",

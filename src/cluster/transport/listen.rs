@@ -1,39 +1,36 @@
-//! [`serve`]: the inter-node listener. HTTP/2 over mutual TLS (the cluster CA; see
-//! [`crate::tls::cluster`]), or over plain TCP with prior knowledge when the node runs with the
-//! development plaintext flag. Members also sign every message, see the module doc of [`super`].
+//! [`serve`]: the inter-node listener. Request frames (see [`frame`]) over mutual TLS (the cluster
+//! CA; see [`crate::tls::cluster`]), or over plain TCP when the node runs with the development
+//! plaintext flag. Members also sign every message, see the module doc of [`super`].
 //!
 //! With TLS, a connection whose handshake does not complete within the authentication timeout, or
-//! whose client certificate is not from the cluster CA or names no node, is closed before any HTTP/2
-//! work; the node its certificate names is the only one its requests may be signed as.
+//! whose client certificate is not from the cluster CA or names no node, is closed before any frame is
+//! read; the node its certificate names is the only one its requests may be signed as.
 //!
 //! # What a stranger can make this hold
 //! Every accepted socket first takes a slot from the listener's [`ConnGate`] (refused, i.e. closed at
 //! once, when the listener or its source holds its maximum). The connection counts as
 //! *unauthenticated* until one of its requests passes the header MAC and the replay check; if none does
-//! within `auth_timeout` of the accept, the connection is closed, whatever it is doing. Its requests
-//! are refused before their bodies are read (see [`super::server`]), and what HTTP/2 buffers for a
-//! stream before the refusal is bounded by the receive windows ([`TransportConfig::h2_stream_window`],
-//! [`TransportConfig::h2_connection_window`]). Header lists are bounded, and PINGs find dead peers.
+//! within `auth_timeout` of the accept, the connection is closed, whatever it is doing. A request's
+//! head is bounded ([`TransportConfig::max_head`]) and checked before its body is read: a refused
+//! request is answered and its connection closed with the body unread (its further bytes are read
+//! and dropped for a moment, so that the refusal is not lost to a reset). A body is read only up to
+//! its endpoint's limit, and only when it is exactly as long as its signature says. A connection runs
+//! at most [`TransportConfig::max_requests_per_connection`] requests at once, and a silent one is
+//! closed after three keep-alive intervals.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
+use super::frame;
 use super::server::RaftRpcService;
-use super::TransportConfig;
 use crate::ids::NodeId;
 use crate::net::{ConnGate, ConnPermit};
 use crate::tls::cluster::ClusterTls;
@@ -57,49 +54,126 @@ impl ConnService {
     fn is_authenticated(&self) -> bool {
         self.permit.lock().unwrap_or_else(|p| p.into_inner()).is_authenticated()
     }
-}
 
-impl hyper::service::Service<Request<Incoming>> for ConnService {
-    type Response = Response<Full<Bytes>>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let permit = this.permit.clone();
-            let member = this.member.clone();
-            let proven = move |node: NodeId| {
-                permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
-                *member.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
-            };
-            Ok(this.service.handle(req, this.certified, proven).await)
-        })
+    /// Authenticates a request's head; the first that passes marks the connection as a member's.
+    fn admit(&self, req: &Request<()>) -> Result<super::server::Admitted, Box<Response<Full<Bytes>>>> {
+        let permit = self.permit.clone();
+        let member = self.member.clone();
+        let proven = move |node: NodeId| {
+            permit.lock().unwrap_or_else(|p| p.into_inner()).authenticated();
+            *member.lock().unwrap_or_else(|p| p.into_inner()) = Some(node);
+        };
+        self.service.admit(req, self.certified, proven)
     }
 }
 
-fn builder(config: &TransportConfig) -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(config.h2_stream_window)
-        .initial_connection_window_size(config.h2_connection_window)
-        .max_frame_size(config.h2_max_frame)
-        .max_concurrent_streams(config.h2_max_concurrent_streams)
-        // h2 closes the whole connection (GOAWAY "too_many_resets") once a peer has reset more than
-        // 20 streams the server had not yet picked up: its guard against rapid-reset floods. Between
-        // members that is normal under load: a heartbeat that waits past its 75 ms deadline is
-        // cancelled, and on a saturated node dozens are at once. Losing the connection then fails
-        // every group's heartbeats together and elections follow. Only cluster members get this far
-        // (mutual TLS), and they may hold at most `h2_max_concurrent_streams` streams anyway.
-        .max_pending_accept_reset_streams(config.h2_max_concurrent_streams as usize)
-        .max_header_list_size(config.h2_max_header_list)
-        .keep_alive_interval(config.keepalive)
-        .keep_alive_timeout(config.keepalive);
-    builder
+/// Serves one connection's frames until it closes, goes silent for three keep-alive intervals, sends
+/// something that is not a request, or `stop` is cancelled; then waits (bounded) for the requests it
+/// is running.
+///
+/// A request's head is authenticated before its body is read. A refused head is answered (unsigned)
+/// and the connection closed without reading its body; so is a body that is not exactly as long as
+/// its signature says. Each admitted request runs in its own task, which writes its answer; at most
+/// `streams` run at once, and the next head is not read while they all do.
+async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationToken) {
+    let config = conn.service.config().clone();
+    let (r, w) = tokio::io::split(io);
+    let w: frame::Writer = Arc::new(tokio::sync::Mutex::new(w));
+    let streams = config.max_requests_per_connection.max(1);
+    let slots = Arc::new(tokio::sync::Semaphore::new(streams));
+    let mut r = tokio::io::BufReader::with_capacity(frame::READ_BUFFER, r);
+    let max_head = config.max_head + MAX_PATH;
+    let silence = config.keepalive * 3;
+    let mut linger = false;
+    let why = loop {
+        let head = tokio::select! {
+            head = tokio::time::timeout(silence, frame::read_head(&mut r, max_head)) => head,
+            () = stop.cancelled() => break "node stopping".to_string(),
+        };
+        let head = match head {
+            Err(_) => break format!("silent for {silence:?}"),
+            Ok(Ok(Some(head))) => head,
+            Ok(Ok(None)) => break "closed by the peer".to_string(),
+            Ok(Err(e)) => break e.to_string(),
+        };
+        match head.kind {
+            frame::Kind::Request => {}
+            frame::Kind::Ping if head.body_len == 0 => {
+                let pong = frame::encode(head.id, frame::Kind::Pong, 0, "", &hyper::HeaderMap::new(), &[]);
+                if let Err(e) = frame::write(&w, &pong).await {
+                    break e.to_string();
+                }
+                continue;
+            }
+            other => break format!("unexpected {other:?} frame of {} body bytes", head.body_len),
+        }
+        let id = head.id;
+        let declared = head.body_len;
+        let mut req = Request::new(());
+        match head.path.parse() {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(_) => break "a request path that is no URI path".to_string(),
+        }
+        *req.method_mut() = hyper::Method::POST;
+        *req.headers_mut() = head.headers;
+        let admitted = match conn.admit(&req) {
+            Ok(a) => a,
+            Err(refused) => {
+                let _ = frame::write_answer(&w, id, *refused).await;
+                linger = true;
+                break "request refused".to_string();
+            }
+        };
+        let refusal = match conn.service.body_len(&admitted) {
+            Ok(len) if len == declared => None,
+            Ok(len) => Some(super::RpcFailure::BadRequest(format!("frame body of {declared} bytes, signed {len}"))),
+            Err(failure) => Some(failure),
+        };
+        if let Some(failure) = refusal {
+            // From a member (the head was signed): drop the body as it comes, without holding it, and
+            // go on with the connection.
+            let (mut rest, mut sink) = ((&mut r).take(declared as u64), tokio::io::sink());
+            match tokio::time::timeout(config.body_read_timeout, tokio::io::copy(&mut rest, &mut sink)).await {
+                Ok(Ok(n)) if n == declared as u64 => {}
+                _ => break "body not received".to_string(),
+            }
+            if let Err(e) = frame::write_answer(&w, id, conn.service.answer(admitted, Err(failure)).await).await {
+                break e.to_string();
+            }
+            continue;
+        }
+        let len = declared;
+        let body = match tokio::time::timeout(config.body_read_timeout, frame::read_body(&mut r, len)).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(e)) => break e.to_string(),
+            Err(_) => break format!("body not received within {:?}", config.body_read_timeout),
+        };
+        let Ok(slot) = slots.clone().acquire_owned().await else { break "closing".to_string() };
+        let (service, w) = (conn.service.clone(), w.clone());
+        tokio::spawn(async move {
+            let answer = service.answer(admitted, Ok(body)).await;
+            let _ = frame::write_answer(&w, id, answer).await;
+            drop(slot);
+        });
+    };
+    tracing::debug!("cluster connection ended: {why}");
+    // Let the requests in flight answer (bounded), then close.
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(streams as u32)).await;
+    let _ = w.lock().await.shutdown().await;
+    if linger {
+        // Closing with unread bytes would reset the connection, and a reset can destroy the refusal
+        // before the client reads it. So read (and drop, never buffer) what it still sends, briefly.
+        let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut r, &mut tokio::io::sink())).await;
+    }
 }
 
-type Io = Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>;
+/// How long a refused connection's further bytes are read and dropped before it is closed.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// The longest request path a head may carry (the endpoints' paths are far shorter).
+const MAX_PATH: usize = 1024;
+
+type Io = tokio_rustls::server::TlsStream<TcpStream>;
 
 /// The TLS handshake, within `timeout`, and the node the client certificate names.
 async fn tls_accept(tls: &ClusterTls, tcp: TcpStream, timeout: Duration) -> Result<(Io, Option<NodeId>), String> {
@@ -116,7 +190,7 @@ async fn tls_accept(tls: &ClusterTls, tcp: TcpStream, timeout: Duration) -> Resu
         .and_then(|c| c.first())
         .and_then(crate::tls::cluster::node_of_cert)
         .ok_or("the client certificate names no node")?;
-    Ok((Either::Right(stream), Some(node)))
+    Ok((stream, Some(node)))
 }
 
 /// Resolves `auth_timeout` after the accept if the connection has not authenticated by then; never
@@ -139,8 +213,7 @@ pub async fn serve(
     auth_timeout: Duration,
     stop: CancellationToken,
 ) {
-    let builder = builder(service.config());
-    let graceful = GracefulShutdown::new();
+    let connections = tokio_util::task::TaskTracker::new();
     loop {
         let (tcp, peer): (_, SocketAddr) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -154,18 +227,17 @@ pub async fn serve(
             },
             () = stop.cancelled() => break,
         };
-        // A refused connection is closed at once (dropped), before any HTTP/2 work.
+        // A refused connection is closed at once (dropped), before any TLS work.
         let Ok(permit) = gate.admit(peer.ip()) else { continue };
         let _ = tcp.set_nodelay(true);
         let service = service.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
         let tls = service.config().tls.clone();
-        tokio::spawn(async move {
-            let (io, certified) = match tls {
-                None => (Either::Left(tcp), None),
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let (io, certified): (frame::BoxIo, _) = match tls {
+                None => (Box::new(tcp), None),
                 Some(tls) => match tls_accept(&tls, tcp, auth_timeout).await {
-                    Ok(accepted) => accepted,
+                    Ok((io, node)) => (Box::new(io), node),
                     Err(why) => {
                         metrics::counter!("twinhub_rpc_server_refused_total", "reason" => "tls").increment(1);
                         tracing::debug!(%peer, "cluster connection refused: {why}");
@@ -181,12 +253,8 @@ pub async fn serve(
                 member: member.clone(),
             };
             let deadline = unauthenticated_deadline(conn_service.clone(), auth_timeout);
-            let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), conn_service));
             tokio::select! {
-                r = conn => {
-                    if let Err(e) = &r {
-                        tracing::debug!(%peer, "cluster connection ended: {e}");
-                    }
+                () = serve_framed(io, conn_service, stop) => {
                     // A member's connection ended: its process may be gone (see `failover`).
                     let member = *member.lock().unwrap_or_else(|p| p.into_inner());
                     if let Some(node) = certified.or(member) {
@@ -198,8 +266,9 @@ pub async fn serve(
         });
     }
     drop(listener);
+    connections.close();
     tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(DRAIN_TIMEOUT) => tracing::warn!("cluster connections still open after {DRAIN_TIMEOUT:?}; closing"),
+        () = connections.wait() => {}
+        () = tokio::time::sleep(DRAIN_TIMEOUT * 2) => tracing::warn!("cluster connections still open after {:?}; closing", DRAIN_TIMEOUT * 2),
     }
 }

@@ -1,20 +1,17 @@
-//! The peer table (node id → address) and the one HTTP/2 connection per peer.
+//! The peer table (node id → address) and the connections to each peer: the main one, and a second
+//! for large bodies (see [`Lane`]).
 //!
-//! A connection is opened on first use and shared by every request to that node (HTTP/2 multiplexes
-//! them), whatever the shard. When a connect fails the peer enters exponential backoff: until it ends,
+//! A connection is opened on first use and shared by every request to that node (frames carry
+//! their request's id, so requests interleave), whatever the shard. When a connect fails the peer enters exponential backoff: until it ends,
 //! requests fail at once with [`TransportError::Backoff`] instead of each waiting for a connect timeout
 //! (with tens of shards, every group would otherwise block on the same dead node). A connection that
-//! closes (the peer restarted, GOAWAY, keep-alive timeout) is replaced on the next request.
+//! closes (the peer restarted, a write failed, keep-alive timeout) is replaced on the next request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};
-use http_body_util::Full;
-use hyper::client::conn::http2::{self, SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -87,6 +84,8 @@ pub(crate) struct Peer {
     pub addr: String,
     /// Held only for short, non-async sections; connecting happens outside it.
     slot: Mutex<Slot>,
+    /// The second connection, for large bodies (see `frame`).
+    bulk: Mutex<Slot>,
     /// AppendEntries waiting for a call to this peer (see `batch`).
     pub appends: super::batch::AppendQueue,
 }
@@ -110,17 +109,41 @@ struct Slot {
 /// A handle on the peer's connection; cloning it is how requests share the connection.
 #[derive(Clone)]
 pub(crate) struct Conn {
-    pub sender: SendRequest<Full<Bytes>>,
+    pub sender: super::frame::Sender,
     pub generation: u64,
+    pub lane: Lane,
+}
+
+/// Which of a peer's two connections: the main one, or the one for large bodies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Main,
+    Bulk,
+}
+
+impl Lane {
+    /// Large bodies go on their own connection, so they never hold up heartbeats and appends.
+    pub fn for_body(len: usize) -> Lane {
+        if len > super::frame::BULK_BODY {
+            Lane::Bulk
+        } else {
+            Lane::Main
+        }
+    }
 }
 
 impl Peer {
     fn new(node: NodeId, addr: String) -> Peer {
-        Peer { node, addr, slot: Mutex::new(Slot::default()), appends: Default::default() }
+        Peer { node, addr, slot: Mutex::default(), bulk: Mutex::default(), appends: Default::default() }
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
+    fn slot(&self, lane: Lane) -> std::sync::MutexGuard<'_, Slot> {
+        match lane {
+            Lane::Main => &self.slot,
+            Lane::Bulk => &self.bulk,
+        }
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The live connection, opening one if there is none and the peer is not in backoff.
@@ -129,9 +152,9 @@ impl Peer {
     /// failure and backoff) itself, so a request whose deadline ends first does not lose it; without
     /// that, a peer that swallows SYNs would never enter backoff when deadlines are shorter than the
     /// connect timeout (AppendEntries' is below 200 ms).
-    pub async fn conn(self: &Arc<Self>, config: &TransportConfig) -> Result<Conn, TransportError> {
+    pub async fn conn(self: &Arc<Self>, config: &TransportConfig, lane: Lane) -> Result<Conn, TransportError> {
         let connecting = {
-            let mut slot = self.slot();
+            let mut slot = self.slot(lane);
             if let Some(conn) = &slot.conn {
                 if !conn.sender.is_closed() {
                     return Ok(conn.clone());
@@ -151,7 +174,7 @@ impl Peer {
                             retry_in: at - now,
                         });
                     }
-                    let task = tokio::spawn(self.clone().connect_and_record(config.clone()));
+                    let task = tokio::spawn(self.clone().connect_and_record(config.clone(), lane));
                     let c: Connecting = async move {
                         task.await
                             .unwrap_or_else(|e| Err(Arc::new(std::io::Error::other(format!("connect task: {e}")))))
@@ -167,7 +190,11 @@ impl Peer {
     }
 
     /// One connect attempt, bounded by the connect timeout; records the outcome in the slot.
-    async fn connect_and_record(self: Arc<Self>, config: TransportConfig) -> Result<Conn, Arc<std::io::Error>> {
+    async fn connect_and_record(
+        self: Arc<Self>,
+        config: TransportConfig,
+        lane: Lane,
+    ) -> Result<Conn, Arc<std::io::Error>> {
         let result = match tokio::time::timeout(config.connect_timeout, connect(&self.addr, self.node, &config)).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(
@@ -175,14 +202,14 @@ impl Peer {
                 format!("no connection within {:?}", config.connect_timeout),
             )),
         };
-        let mut slot = self.slot();
+        let mut slot = self.slot(lane);
         slot.connecting = None;
         match result {
             Ok(sender) => {
                 slot.generation += 1;
                 slot.failures = 0;
                 slot.retry_at = None;
-                let conn = Conn { sender, generation: slot.generation };
+                let conn = Conn { sender, generation: slot.generation, lane };
                 slot.conn = Some(conn.clone());
                 metrics::counter!("twinhub_rpc_connects_total", "peer" => self.node.to_string()).increment(1);
                 tracing::debug!(node = self.node, addr = %self.addr, "connected");
@@ -212,12 +239,12 @@ impl Peer {
     /// How many connections to this peer were opened (tests: requests share one).
     #[cfg(test)]
     pub fn connections_opened(&self) -> u64 {
-        self.slot().generation
+        self.slot(Lane::Main).generation
     }
 
     /// A request failed on connection `generation`: drop it so the next request reconnects.
-    pub fn broken(&self, generation: u64) {
-        let mut slot = self.slot();
+    pub fn broken(&self, conn: &Conn) {
+        let (generation, mut slot) = (conn.generation, self.slot(conn.lane));
         if slot.conn.as_ref().is_some_and(|c| c.generation == generation) {
             slot.conn = None;
         }
@@ -231,46 +258,29 @@ fn backoff_delay(config: &TransportConfig, failures: u32) -> Duration {
 }
 
 /// Opens TCP (no Nagle: Raft messages are small and latency-bound), then TLS verifying that the
-/// other end holds node `node`'s certificate (unless the node runs in plaintext), and does the HTTP/2
-/// handshake (ALPN `h2`, or prior knowledge in plaintext). The connection is driven by its own task,
-/// which ends when it closes.
-async fn connect(addr: &str, node: NodeId, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>> {
+/// other end holds node `node`'s certificate (unless the node runs in plaintext), and starts the
+/// connection's frames (its reader and keep-alive tasks end when it closes).
+async fn connect(addr: &str, node: NodeId, config: &TransportConfig) -> std::io::Result<super::frame::Sender> {
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     match &config.tls {
-        None => handshake(tcp, addr, config).await,
+        None => Ok(start(Box::new(tcp), config)),
         Some(tls) => {
             // An address whose node is not known yet (joining through any member): any node of the
             // cluster CA will do; otherwise exactly the node meant.
             let client = if node == ANY_NODE { tls.client_any_node.clone() } else { tls.client.clone() };
             let connector = tokio_rustls::TlsConnector::from(client);
             let stream = connector.connect(crate::tls::cluster::ClusterTls::server_name(node), tcp).await?;
-            handshake(stream, addr, config).await
+            Ok(start(Box::new(stream), config))
         }
     }
 }
 
-async fn handshake<I>(io: I, addr: &str, config: &TransportConfig) -> std::io::Result<SendRequest<Full<Bytes>>>
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(config.h2_stream_window)
-        .initial_connection_window_size(config.h2_connection_window)
-        .max_frame_size(config.h2_max_frame)
-        .keep_alive_interval(config.keepalive)
-        .keep_alive_timeout(config.keepalive)
-        .keep_alive_while_idle(true);
-    let (sender, conn) = builder.handshake(TokioIo::new(io)).await.map_err(std::io::Error::other)?;
-    let addr = addr.to_string();
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(%addr, "cluster connection ended: {e}");
-        }
-    });
-    Ok(sender)
+/// Starts the frames on a connected stream; answers may be as large as the largest body.
+fn start(io: super::frame::BoxIo, config: &TransportConfig) -> super::frame::Sender {
+    let limits = &config.limits;
+    let largest = limits.small.max(limits.append).max(limits.snapshot).max(limits.call);
+    super::frame::Sender::start(io, largest, config.keepalive)
 }
 
 #[cfg(test)]

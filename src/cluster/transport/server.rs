@@ -1,6 +1,6 @@
 //! The receiving side: [`RaftRpcService`] authenticates a request, then hands it to the local Raft
 //! group of its shard ([`LocalGroups`]) or to the handler registered for a call name
-//! ([`CallHandlers`]); [`super::listen::serve`] runs it on an HTTP/2 (h2c) listener.
+//! ([`CallHandlers`]); [`super::listen::serve`] feeds it the requests of each connection.
 //!
 //! Order of checks, cheapest and least trusting first, and nothing read before it is needed:
 //! 1. method and path (and the protocol version in it);
@@ -24,7 +24,6 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 
@@ -168,6 +167,21 @@ impl Refusal {
     }
 }
 
+/// A request body the service can read (a frame's, already read, or one still to come).
+pub trait ReqBody:
+    hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send
+{
+}
+impl<T: hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send> ReqBody for T {}
+
+/// A request whose head is authenticated and whose body is still to be read.
+pub struct Admitted {
+    claim: Claim,
+    endpoint: Endpoint,
+    path: String,
+    start: Instant,
+}
+
 /// What became of a request.
 enum Outcome {
     /// Not proven to come from a member (or tampered with): an unsigned refusal.
@@ -207,13 +221,35 @@ impl RaftRpcService {
     /// then counts its connection as authenticated).
     /// `certified` is the node the connection's TLS client certificate names (`None` without TLS);
     /// `proven` is called with the sender once the request is known to come from a member.
-    pub async fn handle(
+    pub async fn handle<B: ReqBody>(
         &self,
-        req: Request<Incoming>,
+        req: Request<B>,
         certified: Option<NodeId>,
         proven: impl FnOnce(NodeId),
     ) -> Response<Full<Bytes>> {
         self.inner.handle(req, certified, proven).await
+    }
+
+    /// The head of a request (no body yet) authenticated: the request to run once its body is read,
+    /// or the refusal to send back.
+    pub fn admit<B>(
+        &self,
+        req: &Request<B>,
+        certified: Option<NodeId>,
+        proven: impl FnOnce(NodeId),
+    ) -> Result<Admitted, Box<Response<Full<Bytes>>>> {
+        self.inner.admit(req, certified, proven)
+    }
+
+    /// How many body bytes an admitted request may send: its declared length, if its endpoint takes
+    /// that much.
+    pub fn body_len(&self, admitted: &Admitted) -> Result<usize, RpcFailure> {
+        self.inner.body_len(admitted)
+    }
+
+    /// Runs an admitted request on its body (or the failure to read it) and signs the answer.
+    pub async fn answer(&self, admitted: Admitted, body: Result<Bytes, RpcFailure>) -> Response<Full<Bytes>> {
+        self.inner.answer(admitted, body).await
     }
 
     /// A connection from member `node` ended (see `failover`).
@@ -228,17 +264,61 @@ impl RaftRpcService {
 }
 
 impl Inner {
-    async fn handle(
+    async fn handle<B: ReqBody>(
         &self,
-        req: Request<Incoming>,
+        req: Request<B>,
         certified: Option<NodeId>,
         proven: impl FnOnce(NodeId),
     ) -> Response<Full<Bytes>> {
+        let admitted = match self.admit(&req, certified, proven) {
+            Ok(a) => a,
+            Err(refused) => return *refused,
+        };
+        let body = match self.body_len(&admitted) {
+            Ok(len) => self.read_body(req.into_body(), len).await,
+            Err(f) => Err(f),
+        };
+        self.answer(admitted, body).await
+    }
+
+    /// Steps 1–3 of the module doc, on the request's head alone; a refusal comes back as the answer.
+    fn admit<B>(
+        &self,
+        req: &Request<B>,
+        certified: Option<NodeId>,
+        proven: impl FnOnce(NodeId),
+    ) -> Result<Admitted, Box<Response<Full<Bytes>>>> {
         let start = Instant::now();
         let path = req.uri().path().to_string();
         let endpoint = Endpoint::parse(&path);
         let kind = endpoint.as_ref().map_or("unknown", Endpoint::label);
-        let outcome = self.dispatch(req, endpoint, certified, proven).await;
+        match self.authenticate(req, endpoint, certified) {
+            Err(refusal) => Err(Box::new(self.finish(&path, kind, start, Outcome::Refused(refusal)))),
+            Ok((claim, endpoint)) => {
+                proven(claim.node);
+                Ok(Admitted { claim, endpoint, path, start })
+            }
+        }
+    }
+
+    /// The body length an admitted request declared, if its endpoint takes that much.
+    fn body_len(&self, a: &Admitted) -> Result<usize, RpcFailure> {
+        let limit = self.config.limits.for_endpoint(&a.endpoint);
+        if a.claim.body.len > limit as u64 {
+            return Err(RpcFailure::TooLarge { limit: limit as u64 });
+        }
+        Ok(a.claim.body.len as usize)
+    }
+
+    /// Runs an admitted request on its body (or the failure to read it) and signs the answer.
+    async fn answer(&self, a: Admitted, body: Result<Bytes, RpcFailure>) -> Response<Full<Bytes>> {
+        let kind = a.endpoint.label();
+        let outcome = self.dispatch(a.claim, a.endpoint, body).await;
+        self.finish(&a.path, kind, a.start, outcome)
+    }
+
+    /// Metrics, logs and the answer of a request.
+    fn finish(&self, path: &str, kind: &'static str, start: Instant, outcome: Outcome) -> Response<Full<Bytes>> {
         let from = match &outcome {
             Outcome::Answered { from, .. } => from.to_string(),
             Outcome::Refused(_) => "unknown".to_string(),
@@ -255,7 +335,7 @@ impl Inner {
                 let failure = refusal.failure();
                 error(&failure);
                 metrics::counter!("twinhub_rpc_server_refused_total", "reason" => refusal.label()).increment(1);
-                self.log_refusal(&path, &refusal);
+                self.log_refusal(path, &refusal);
                 unsigned(failure)
             }
             Outcome::Answered { from: node, nonce, result } => {
@@ -267,7 +347,7 @@ impl Inner {
                         (failure.status(), encode_failure(&failure))
                     }
                 };
-                self.signed(status, &path, nonce, body)
+                self.signed(status, path, nonce, body)
             }
         }
     }
@@ -308,26 +388,11 @@ impl Inner {
         resp
     }
 
-    /// Authenticates and runs a request.
-    async fn dispatch(
-        &self,
-        req: Request<Incoming>,
-        endpoint: Option<Endpoint>,
-        certified: Option<NodeId>,
-        proven: impl FnOnce(NodeId),
-    ) -> Outcome {
-        let (claim, endpoint) = match self.authenticate(&req, endpoint, certified) {
-            Ok(c) => c,
-            Err(r) => return Outcome::Refused(r),
-        };
-        proven(claim.node);
+    /// Runs an authenticated request on its body.
+    async fn dispatch(&self, claim: Claim, endpoint: Endpoint, body: Result<Bytes, RpcFailure>) -> Outcome {
         let (from, nonce) = (claim.node, claim.nonce);
         let answered = |result| Outcome::Answered { from, nonce, result };
-        let limit = self.config.limits.for_endpoint(&endpoint);
-        if claim.body.len > limit as u64 {
-            return answered(Err(RpcFailure::TooLarge { limit: limit as u64 }));
-        }
-        let body = match self.read_body(req.into_body(), claim.body.len as usize).await {
+        let body = match body {
             Ok(b) => b,
             Err(f) => return answered(Err(f)),
         };
@@ -343,9 +408,9 @@ impl Inner {
     }
 
     /// Steps 1–3 of the module doc: everything that needs no body.
-    fn authenticate(
+    fn authenticate<B>(
         &self,
-        req: &Request<Incoming>,
+        req: &Request<B>,
         endpoint: Option<Endpoint>,
         certified: Option<NodeId>,
     ) -> Result<(Claim, Endpoint), Refusal> {
@@ -370,7 +435,7 @@ impl Inner {
 
     /// Reads exactly the declared `len` bytes at most: a longer body is cut off there and refused, a
     /// shorter one fails the digest check.
-    async fn read_body(&self, body: Incoming, len: usize) -> Result<Bytes, RpcFailure> {
+    async fn read_body<B: ReqBody>(&self, body: B, len: usize) -> Result<Bytes, RpcFailure> {
         match tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, len).collect()).await {
             Err(_) => {
                 Err(RpcFailure::BadRequest(format!("body not received within {:?}", self.config.body_read_timeout)))
