@@ -369,12 +369,8 @@ impl Transport {
                 return Err(TransportError::Connection { node: target, source: Arc::new(source) });
             }
         };
-        let mut resp = hyper::Response::new(());
-        *resp.status_mut() = status;
-        *resp.headers_mut() = rheaders;
-        let (parts, ()) = resp.into_parts();
         // The answer's headers are checked before its body is used, as on the server.
-        let claim = verify_answer(target, &parts, &path, nonce, config)?;
+        let claim = verify_answer(target, status, &rheaders, &path, nonce, config)?;
         let limit = config.limits.for_endpoint(endpoint);
         if claim.body.len > limit as u64 || answer.len() as u64 != claim.body.len {
             return Err(TransportError::Decode {
@@ -383,8 +379,8 @@ impl Transport {
             });
         }
         claim.check_body(&answer).map_err(|source| TransportError::ResponseAuth { node: target, source })?;
-        if parts.status != StatusCode::OK {
-            return Err(TransportError::Remote { node: target, failure: RpcFailure::from_body(parts.status, &answer) });
+        if status != StatusCode::OK {
+            return Err(TransportError::Remote { node: target, failure: RpcFailure::from_body(status, &answer) });
         }
         Ok(answer)
     }
@@ -398,33 +394,34 @@ impl Transport {
 /// another release, and says so.
 fn verify_answer(
     target: NodeId,
-    parts: &hyper::http::response::Parts,
+    status: StatusCode,
+    headers: &hyper::HeaderMap,
     path: &str,
     nonce: Nonce,
     config: &TransportConfig,
 ) -> Result<Claim, TransportError> {
-    let version = parts.headers.get(wire::HEADER_PROTO).and_then(|v| v.to_str().ok());
+    let version = headers.get(wire::HEADER_PROTO).and_then(|v| v.to_str().ok());
     if version != Some(&*wire::PROTOCOL_VERSION.to_string()) {
         return Err(TransportError::Protocol {
             node: target,
-            status: parts.status.as_u16(),
+            status: status.as_u16(),
             theirs: version.map(str::to_string),
         });
     }
     let auth = |source| TransportError::ResponseAuth { node: target, source };
-    let claim = match Claim::from_headers(&parts.headers, unix_ms()) {
+    let claim = match Claim::from_headers(headers, unix_ms()) {
         Ok(c) => c,
-        Err(_) if parts.status == StatusCode::UNAUTHORIZED => {
+        Err(_) if status == StatusCode::UNAUTHORIZED => {
             return Err(TransportError::Remote { node: target, failure: RpcFailure::Unauthorized })
         }
         // Likewise an unsigned 404: an endpoint the node does not have (an older release), which
         // makes the batch sender fall back to single requests, and a forged one does no more.
-        Err(_) if parts.status == StatusCode::NOT_FOUND => {
+        Err(_) if status == StatusCode::NOT_FOUND => {
             return Err(TransportError::Remote { node: target, failure: RpcFailure::NotFound })
         }
         Err(e) => return Err(auth(e)),
     };
-    claim.verify_response(&config.secret, parts.status.as_u16(), path, nonce).map_err(auth)?;
+    claim.verify_response(&config.secret, status.as_u16(), path, nonce).map_err(auth)?;
     // A call to [`peers::ANY_NODE`] (a joining node that knows a member's address, not its id) takes
     // the answer of whichever member holds that address; the MAC still proves a member signed it.
     if claim.node != target && target != peers::ANY_NODE {

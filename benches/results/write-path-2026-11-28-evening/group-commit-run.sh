@@ -1,6 +1,6 @@
 #!/bin/bash
 # PATCH load on a fresh 3-node cluster; node 1's group-commit metrics (fsyncs, rounds, requests per round) and
-# the three nodes' server CPU per update over 10 s.
+# the three nodes' server CPU per update over 10 s, and the client's CPU over the same 10 s.
 #   [SC=8] [RATE=R] [UPOPTS="cluster up flags"] [CLIENT=twinhub-bench] group-commit-run.sh BIN LABEL [node-option ...]
 BIN=$1; L=$2; shift 2
 D=/tmp/gc-$L; rm -rf $D
@@ -8,13 +8,13 @@ OPTS=""; for o in "$@"; do OPTS="$OPTS --node-option $o"; done
 timeout 60 $BIN cluster up --nodes 3 --shard-count ${SC:-8} --dir $D $OPTS $UPOPTS >/dev/null 2>&1 || { echo "cluster up failed"; exit 1; }
 PIDS=$(pgrep -f "twinhub serve.*$D/" | tr '\n' ' ')
 timeout 300 ${CLIENT:-twinhub-bench} run --cluster $D/cluster.json --devices 0 --twins 10000 --mix patch=100 --concurrency 64 ${RATE:+--rate $RATE} --duration ${DUR:-25} --out $D/run.json > $D/run.txt 2>$D/run.log &
-B=$!
+B=$!; sleep 1; CP=$(pgrep -x twinhub-bench | head -1)
 sleep 12
 H1=$(python3 -c "import json;print(json.load(open('$D/cluster.json'))['nodes'][0]['http'])")
 curl -sk https://$H1/metrics > $D/m0
-c0=0; for p in $PIDS; do c0=$((c0+$(awk '{print $14+$15}' /proc/$p/stat))); done
+k0=$(awk '{print $14+$15}' /proc/$CP/stat); c0=0; for p in $PIDS; do c0=$((c0+$(awk '{print $14+$15}' /proc/$p/stat))); done
 sleep 10
-c1=0; for p in $PIDS; do c1=$((c1+$(awk '{print $14+$15}' /proc/$p/stat))); done
+k1=$(awk '{print $14+$15}' /proc/$CP/stat); echo "client cpu cores: $((k1-k0))cs/10s"; c1=0; for p in $PIDS; do c1=$((c1+$(awk '{print $14+$15}' /proc/$p/stat))); done
 curl -sk https://$H1/metrics > $D/m1
 wait $B
 line=$(grep '^patch' $D/run.txt); rate=$(echo $line | awk '{print $4}')

@@ -7,7 +7,7 @@
 //! 2. the signature header: presence, syntax, clock skew, then the MAC over it (constant time),
 //!    which covers the body's declared length and digest;
 //! 3. the nonce against the replay cache ([`NonceCache`]);
-//! 4. only now the body: at most its declared length (itself at most the endpoint's limit), within
+//! 4. only now the body (read by [`super::listen`] once [`RaftRpcService::admit`] passed): at most its declared length (itself at most the endpoint's limit), within
 //!    the read timeout, then compared with the declared digest;
 //! 5. decoding and dispatch.
 //!
@@ -23,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 
@@ -167,13 +167,6 @@ impl Refusal {
     }
 }
 
-/// A request body the service can read (a frame's, already read, or one still to come).
-pub trait ReqBody:
-    hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send
-{
-}
-impl<T: hyper::body::Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send> ReqBody for T {}
-
 /// A request whose head is authenticated and whose body is still to be read.
 pub struct Admitted {
     claim: Claim,
@@ -217,19 +210,6 @@ impl RaftRpcService {
         &self.inner.config
     }
 
-    /// Handles one request; `proven` is called once it is known to come from a member (the listener
-    /// then counts its connection as authenticated).
-    /// `certified` is the node the connection's TLS client certificate names (`None` without TLS);
-    /// `proven` is called with the sender once the request is known to come from a member.
-    pub async fn handle<B: ReqBody>(
-        &self,
-        req: Request<B>,
-        certified: Option<NodeId>,
-        proven: impl FnOnce(NodeId),
-    ) -> Response<Full<Bytes>> {
-        self.inner.handle(req, certified, proven).await
-    }
-
     /// The head of a request (no body yet) authenticated: the request to run once its body is read,
     /// or the refusal to send back.
     pub fn admit<B>(
@@ -264,23 +244,6 @@ impl RaftRpcService {
 }
 
 impl Inner {
-    async fn handle<B: ReqBody>(
-        &self,
-        req: Request<B>,
-        certified: Option<NodeId>,
-        proven: impl FnOnce(NodeId),
-    ) -> Response<Full<Bytes>> {
-        let admitted = match self.admit(&req, certified, proven) {
-            Ok(a) => a,
-            Err(refused) => return *refused,
-        };
-        let body = match self.body_len(&admitted) {
-            Ok(len) => self.read_body(req.into_body(), len).await,
-            Err(f) => Err(f),
-        };
-        self.answer(admitted, body).await
-    }
-
     /// Steps 1–3 of the module doc, on the request's head alone; a refusal comes back as the answer.
     fn admit<B>(
         &self,
@@ -431,21 +394,6 @@ impl Inner {
         // Only after the MAC: nobody without the secret can put anything in the cache.
         self.nonces.admit(claim.node, claim.ts, claim.nonce, now)?;
         Ok((claim, endpoint))
-    }
-
-    /// Reads exactly the declared `len` bytes at most: a longer body is cut off there and refused, a
-    /// shorter one fails the digest check.
-    async fn read_body<B: ReqBody>(&self, body: B, len: usize) -> Result<Bytes, RpcFailure> {
-        match tokio::time::timeout(self.config.body_read_timeout, Limited::new(body, len).collect()).await {
-            Err(_) => {
-                Err(RpcFailure::BadRequest(format!("body not received within {:?}", self.config.body_read_timeout)))
-            }
-            Ok(Ok(collected)) => Ok(collected.to_bytes()),
-            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                Err(RpcFailure::BadRequest(format!("body longer than its declared {len} bytes")))
-            }
-            Ok(Err(e)) => Err(RpcFailure::BadRequest(format!("reading body: {e}"))),
-        }
     }
 
     fn group(&self, shard: ShardId) -> Result<Raft, RpcFailure> {

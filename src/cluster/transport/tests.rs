@@ -539,11 +539,14 @@ async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>)
                             resp.headers_mut().insert(wire::HEADER_PROTO, wire::PROTOCOL_VERSION.into());
                             resp
                         } else {
-                            let mut req = Request::new(Full::new(body));
+                            let mut req = Request::new(());
                             *req.method_mut() = Method::POST;
                             *req.uri_mut() = head.path.parse().expect("path");
                             *req.headers_mut() = head.headers;
-                            service.handle(req, None, |_| {}).await
+                            match service.admit(&req, None, |_| {}) {
+                                Ok(admitted) => service.answer(admitted, Ok(body)).await,
+                                Err(refused) => *refused,
+                            }
                         };
                         let _ = frame::write_answer(&w, head.id, resp).await;
                     });
