@@ -137,9 +137,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
         // The marker and the deletions are one batch: a crash never leaves a hole below a stale marker.
+        // Deletions start after the previous purge: everything below it went in that purge's batch.
         self.cache().purge_upto(log_id.index);
+        let previous: Option<LogId> = self.store.get_meta(self.shard, MetaKey::LastPurged)?;
+        let from = previous.map_or(0, |p| p.index + 1);
         let mut items = vec![Store::put_meta(self.shard, MetaKey::LastPurged, &log_id)?];
-        items.extend(self.store.delete_range(self.shard, 0, log_id.index + 1)?);
+        items.extend(self.store.purge_range(self.shard, from, log_id.index)?);
         self.store.writer.write(items).await
     }
 }

@@ -236,6 +236,31 @@ impl Store {
         }
     }
 
+    /// Deletions of the log keys of `shard` from the first present at or after `from` through `upto`
+    /// (or the last present, if lower). The keys are computed, not read: a Raft log has every index
+    /// between its first and last entry, and walking a thousand entries through fjall's merge of
+    /// memtables and segments just to learn their keys was about 2 % of a node's CPU under steady
+    /// writes. Only the two ends are read.
+    pub fn purge_range(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
+        let index_of = |key: &[u8]| -> io::Result<u64> {
+            let tail: [u8; 8] = key
+                .get(key.len().saturating_sub(8)..)
+                .and_then(|t| t.try_into().ok())
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "log key without an index"))?;
+            Ok(u64::from_be_bytes(tail))
+        };
+        let (lo, hi) = (log_key(shard, from), log_key(shard, upto));
+        let first = match self.log.range(lo..=hi.clone()).next() {
+            Some(guard) => index_of(&guard.key().map_err(io_err)?)?,
+            None => return Ok(Vec::new()),
+        };
+        let last = match self.log.range(log_key(shard, first)..=hi).next_back() {
+            Some(guard) => index_of(&guard.key().map_err(io_err)?)?,
+            None => return Ok(Vec::new()),
+        };
+        Ok((first..=last).map(|i| Item::Del(Space::Log, log_key(shard, i))).collect())
+    }
+
     /// Deletions of every log key of `shard` with index in `[start, end)` (present keys only).
     pub fn delete_range(&self, shard: ShardId, start: u64, end: u64) -> io::Result<Vec<Item>> {
         if start >= end {
@@ -335,6 +360,38 @@ mod tests {
         let (m, data) = store.snapshot(2).expect("read").expect("file");
         assert_eq!((m.last_log_id.map(|l| l.index), data.as_slice()), (Some(9), b"new".as_slice()));
         assert!(store.legacy_snapshot(2).expect("read").is_none());
+        store.writer.stop().await.expect("stop");
+    }
+
+    #[tokio::test]
+    async fn a_purge_deletes_exactly_the_present_keys_up_to_its_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        let put = |shard: ShardId, i: u64| Item::Put(Space::Log, log_key(shard, i), vec![1]);
+        let mut items: Vec<Item> = (5..=20).map(|i| put(1, i)).collect();
+        items.extend([put(0, 3), put(0, 30), put(2, 0), put(2, 7)]);
+        store.writer.write(items).await.expect("write");
+        let deleted = |items: Vec<Item>| -> Vec<(ShardId, u64)> {
+            items
+                .into_iter()
+                .map(|item| match item {
+                    Item::Del(Space::Log, k) => {
+                        let shard = ShardId::from_be_bytes(k[..4].try_into().expect("shard"));
+                        (shard, u64::from_be_bytes(k[4..].try_into().expect("index")))
+                    }
+                    _ => panic!("not a log deletion"),
+                })
+                .collect()
+        };
+        // From below the first entry: starts at the first present key, ends at the purge index.
+        let first = deleted(store.purge_range(1, 0, 10).expect("purge"));
+        assert_eq!(first, (5..=10).map(|i| (1, i)).collect::<Vec<_>>());
+        // Beyond the last entry (a snapshot installed ahead of the log): ends at the last present key.
+        let rest = deleted(store.purge_range(1, 11, 1_000_000).expect("purge"));
+        assert_eq!(rest, (11..=20).map(|i| (1, i)).collect::<Vec<_>>());
+        // Nothing left in the range, and other shards are never touched.
+        assert!(store.purge_range(1, 21, 1_000_000).expect("purge").is_empty());
+        assert!(store.purge_range(3, 0, u64::MAX).expect("purge").is_empty());
         store.writer.stop().await.expect("stop");
     }
 }
