@@ -1,11 +1,13 @@
 import sys,re,collections
+# (transport_frames, added 2026-11-29 for the framed transport, also takes transport::peers, which the
+# earlier rows counted under other categories)
 # cmpcat.py A.folded rateA cpuA_ms B.folded rateB cpuB_ms : exclusive categories in µs of CPU per update
 cats=[('apply','ShardState::apply'),('sm_other','state_machine::StateMachine'),
 ('group_commit','raft-group-comm'),('fjall_bg','fjall:worker|fjall::worker'),
 ('front_http','twinhub::http::'),('log_store','storage::log_store|log_cache'),
 ('transport_server','transport::server'),('transport_client','transport::batch|transport::Transport|shard::network'),
 ('openraft_core','openraft::core'),('openraft_repl','openraft::replication'),('openraft_other','openraft'),
-('h2_conn','h2::proto::connection'),('h2_other','h2::|hyper::'),('tokio_sched','tokio::runtime'),]
+('transport_frames','transport::frame|transport::listen|transport::peers'),('h2_conn','h2::proto::connection'),('h2_other','h2::|hyper::'),('tokio_sched','tokio::runtime'),]
 cats=[(n,re.compile(p)) for n,p in cats]
 def load(f):
     agg=collections.Counter(); tot=0
