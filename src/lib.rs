@@ -39,6 +39,7 @@ pub mod error_code;
 pub mod fuzzing;
 pub mod http;
 pub mod jobs;
+pub mod metric_handles;
 pub mod mqtt;
 pub mod net;
 pub mod node;

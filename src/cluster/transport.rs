@@ -69,6 +69,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, StatusCode};
+use metrics::{Counter, Histogram};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
     VoteRequest, VoteResponse,
@@ -84,6 +85,7 @@ pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
 pub use wire::{Call, Endpoint, RaftKind, RpcFailure};
 
 use crate::ids::{NodeId, ShardId};
+use crate::metric_handles::HandleCache;
 use crate::storage::types::{Snapshot, TypeConfig, Vote};
 use auth::{unix_ms, AuthError, BodyDigest, Claim, Direction, Envelope, Nonce};
 use wire::{ShardRequest, SnapshotHead};
@@ -326,17 +328,25 @@ impl Transport {
         body: Bytes,
         deadline: Duration,
     ) -> Result<Bytes, TransportError> {
+        /// Each kind's request counter and duration histogram, by peer.
+        static SENT: HandleCache<(&'static str, NodeId), (Counter, Histogram)> = HandleCache::new();
         let start = Instant::now();
         let kind = endpoint.label();
-        let peer = target.to_string();
-        metrics::counter!("twinhub_rpc_requests_total", "kind" => kind, "peer" => peer.clone()).increment(1);
+        let (requests, duration) = SENT.get((kind, target), |&(kind, peer)| {
+            let peer = peer.to_string();
+            (
+                metrics::counter!("twinhub_rpc_requests_total", "kind" => kind, "peer" => peer.clone()),
+                metrics::histogram!("twinhub_rpc_request_duration_seconds", "kind" => kind, "peer" => peer),
+            )
+        });
+        requests.increment(1);
         let result = match tokio::time::timeout(deadline, self.exchange(target, endpoint, body)).await {
             Ok(r) => r,
             Err(_) => Err(TransportError::Timeout { node: target, after: deadline }),
         };
-        metrics::histogram!("twinhub_rpc_request_duration_seconds", "kind" => kind, "peer" => peer.clone())
-            .record(start.elapsed().as_secs_f64());
+        duration.record(start.elapsed().as_secs_f64());
         if let Err(e) = &result {
+            let peer = target.to_string();
             metrics::counter!("twinhub_rpc_errors_total", "kind" => kind, "peer" => peer, "error" => e.label())
                 .increment(1);
             tracing::debug!(target, kind, "cluster request failed: {e}");

@@ -11,7 +11,10 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::metric_handles::HandleCache;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -237,6 +240,9 @@ fn method_label(m: &axum::http::Method) -> &'static str {
     }
 }
 
+/// A route's request counter (by method and status) and duration histogram (by method).
+static ROUTES: HandleCache<(String, &'static str, u16), (Counter, Histogram)> = HandleCache::new();
+
 pub async fn track(req: Request, next: Next) -> Response {
     metrics_handle();
     let route = req
@@ -247,10 +253,15 @@ pub async fn track(req: Request, next: Next) -> Response {
     let method = method_label(req.method());
     let start = Instant::now();
     let resp = next.run(req).await;
-    let status = resp.status().as_u16().to_string();
-    let labels = [("method", method.to_string()), ("route", route), ("status", status)];
-    metrics::counter!("twinhub_http_requests_total", &labels).increment(1);
-    metrics::histogram!("twinhub_http_request_duration_seconds", &labels[..2]).record(start.elapsed().as_secs_f64());
+    let (requests, duration) = ROUTES.get((route, method, resp.status().as_u16()), |(route, method, status)| {
+        let labels = [("method", method.to_string()), ("route", route.clone()), ("status", status.to_string())];
+        (
+            metrics::counter!("twinhub_http_requests_total", &labels),
+            metrics::histogram!("twinhub_http_request_duration_seconds", &labels[..2]),
+        )
+    });
+    requests.increment(1);
+    duration.record(start.elapsed().as_secs_f64());
     resp
 }
 

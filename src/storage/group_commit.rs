@@ -99,7 +99,15 @@ impl GroupCommit {
     pub fn start(db: Database, log: Keyspace, meta: Keyspace) -> io::Result<GroupCommit> {
         let (tx, rx) = mpsc::channel();
         let syncs = Arc::new(AtomicU64::new(0));
-        let writer = Writer { db, log, meta, failed: None, syncs: syncs.clone() };
+        let writer = Writer {
+            db,
+            log,
+            meta,
+            failed: None,
+            syncs: syncs.clone(),
+            batch_requests: metrics::histogram!("twinhub_storage_batch_requests"),
+            fsync_seconds: metrics::histogram!("twinhub_storage_fsync_seconds"),
+        };
         let thread = std::thread::Builder::new().name("raft-group-commit".into()).spawn(move || writer.run(rx))?;
         Ok(GroupCommit { tx: Mutex::new(Some(tx)), syncs, thread: Mutex::new(Some(thread)) })
     }
@@ -202,6 +210,10 @@ struct Writer {
     /// The first I/O error: once storage failed, nothing more is written or acknowledged.
     failed: Option<String>,
     syncs: Arc<AtomicU64>,
+    /// `twinhub_storage_batch_requests` and `twinhub_storage_fsync_seconds`, looked up once: the
+    /// writer records both every round (the recorder is installed before storage opens).
+    batch_requests: metrics::Histogram,
+    fsync_seconds: metrics::Histogram,
 }
 
 impl Writer {
@@ -244,7 +256,7 @@ impl Writer {
             reqs.into_iter().for_each(|r| fail(r, &err));
             return;
         }
-        metrics::histogram!("twinhub_storage_batch_requests").record(reqs.len() as f64);
+        self.batch_requests.record(reqs.len() as f64);
         let mut durables = Vec::with_capacity(reqs.len());
         for req in reqs {
             if let Some(w) = req.written {
@@ -302,7 +314,7 @@ impl Writer {
         }
         let started = std::time::Instant::now();
         let synced = self.db.persist(PersistMode::SyncAll);
-        metrics::histogram!("twinhub_storage_fsync_seconds").record(started.elapsed().as_secs_f64());
+        self.fsync_seconds.record(started.elapsed().as_secs_f64());
         synced.map_err(|e| {
             self.failed = Some(format!("raft storage fsync failed: {e}"));
             io::Error::other(e.to_string())

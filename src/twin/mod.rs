@@ -18,6 +18,7 @@ use crate::cluster::transport::{Call, CallError, Transport};
 use serde_json::Value;
 
 use crate::ids::{NodeId, ShardId, TwinId};
+use crate::metric_handles::HandleCache;
 use crate::model::{Applied, Command, TwinError};
 use crate::shard::{ShardError, Shards};
 use read::{ReadOp, ReadOut};
@@ -46,6 +47,12 @@ const ROUTE_DEADLINE: Duration = Duration::from_secs(10);
 /// Deadline of one forwarded write; the remote side's own Raft timeout is longer, so a timeout here
 /// means "unknown outcome": the retry carries the same request id and apply deduplicates it.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `twinhub_route_forwarded_total`, looked up once (see `metric_handles`).
+fn forwarded() -> metrics::Counter {
+    static FORWARDED: HandleCache<(), metrics::Counter> = HandleCache::new();
+    FORWARDED.get((), |_| metrics::counter!("twinhub_route_forwarded_total"))
+}
 
 /// Entry point of the twin layer for the front doors.
 pub struct Twins {
@@ -193,7 +200,7 @@ impl Twins {
         writes: &[&(TwinId, Command)],
     ) -> Option<Vec<Result<Applied, ShardError>>> {
         let body = postcard::to_allocvec(writes).ok()?;
-        metrics::counter!("twinhub_route_forwarded_total").increment(writes.len() as u64);
+        forwarded().increment(writes.len() as u64);
         match t.call(node, Call::TwinWrites, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice(&answer).ok(),
             Err(e) => {
@@ -206,7 +213,7 @@ impl Twins {
     async fn forward(&self, t: &Transport, leader: u64, id: &TwinId, cmd: &Command) -> Result<Applied, ShardError> {
         let shard = self.shards.shard_of(&id.device_id);
         let body = postcard::to_allocvec(&(id, cmd)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
-        metrics::counter!("twinhub_route_forwarded_total").increment(1);
+        forwarded().increment(1);
         match t.call(leader, Call::TwinWrite, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice::<Result<Applied, ShardError>>(&answer)
                 .map_err(|e| ShardError::Fatal { shard, msg: format!("bad forwarded answer: {e}") })?,

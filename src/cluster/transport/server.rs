@@ -26,12 +26,14 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
+use metrics::{Counter, Histogram};
 
 use super::auth::{unix_ms, AuthError, BodyDigest, Claim, ClusterSecret, Direction, Envelope, Nonce};
 use super::replay::NonceCache;
 use super::wire::{self, Call, Endpoint, RaftKind, RpcFailure, ShardRequest};
 use super::TransportConfig;
 use crate::ids::{NodeId, ShardId};
+use crate::metric_handles::HandleCache;
 use crate::storage::types::{Raft, Snapshot};
 
 /// The Raft groups this node hosts, by shard. The shard layer registers a group once it is built and
@@ -282,15 +284,24 @@ impl Inner {
 
     /// Metrics, logs and the answer of a request.
     fn finish(&self, path: &str, kind: &'static str, start: Instant, outcome: Outcome) -> Response<Full<Bytes>> {
-        let from = match &outcome {
-            Outcome::Answered { from, .. } => from.to_string(),
-            Outcome::Refused(_) => "unknown".to_string(),
+        /// Each kind's request counter by peer (`None`: refused, peer unknown) and duration histogram.
+        static RECEIVED: HandleCache<(&'static str, Option<NodeId>), (Counter, Histogram)> = HandleCache::new();
+        let peer = match &outcome {
+            Outcome::Answered { from, .. } => Some(*from),
+            Outcome::Refused(_) => None,
         };
-        metrics::counter!("twinhub_rpc_server_requests_total", "kind" => kind, "peer" => from.clone()).increment(1);
-        metrics::histogram!("twinhub_rpc_server_request_duration_seconds", "kind" => kind)
-            .record(start.elapsed().as_secs_f64());
+        let (requests, duration) = RECEIVED.get((kind, peer), |&(kind, peer)| {
+            let peer = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            (
+                metrics::counter!("twinhub_rpc_server_requests_total", "kind" => kind, "peer" => peer),
+                metrics::histogram!("twinhub_rpc_server_request_duration_seconds", "kind" => kind),
+            )
+        });
+        requests.increment(1);
+        duration.record(start.elapsed().as_secs_f64());
         let error = |failure: &RpcFailure| {
-            metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from.clone(), "error" => failure.label())
+            let from = peer.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            metrics::counter!("twinhub_rpc_server_errors_total", "kind" => kind, "peer" => from, "error" => failure.label())
                 .increment(1);
         };
         match outcome {

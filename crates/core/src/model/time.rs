@@ -17,15 +17,49 @@ pub fn format_ms(ms: i64) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct Timestamp(pub i64);
 
+impl Timestamp {
+    /// The 24 bytes of `YYYY-MM-DDTHH:MM:SS.mmmZ`, written without a formatter (a twin's reply has a
+    /// `$lastUpdated` per member, and `write!` with padded integers was most of its rendering);
+    /// `None` for a time that is never set or past year 9999, which do not have that shape.
+    fn digits(self) -> Option<[u8; 24]> {
+        let ms = self.0;
+        if ms < 0 {
+            return None;
+        }
+        let (y, m, d) = civil_from_days(ms.div_euclid(86_400_000));
+        if y > 9999 {
+            return None;
+        }
+        let in_day = ms.rem_euclid(86_400_000);
+        let mut out = *b"0000-00-00T00:00:00.000Z";
+        let mut put = |at: usize, width: usize, mut n: i64| {
+            for i in (at..at + width).rev() {
+                out[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+        };
+        put(0, 4, y);
+        put(5, 2, i64::from(m));
+        put(8, 2, i64::from(d));
+        put(11, 2, in_day / 3_600_000);
+        put(14, 2, (in_day / 60_000) % 60);
+        put(17, 2, (in_day / 1000) % 60);
+        put(20, 3, in_day % 1000);
+        Some(out)
+    }
+}
+
 impl std::fmt::Display for Timestamp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let ms = self.0;
         if ms < 0 {
             return f.write_str(NEVER_TEXT);
         }
-        let days = ms.div_euclid(86_400_000);
+        if let Some(text) = self.digits().as_ref().and_then(|d| std::str::from_utf8(d).ok()) {
+            return f.write_str(text);
+        }
+        let (y, m, d) = civil_from_days(ms.div_euclid(86_400_000));
         let in_day = ms.rem_euclid(86_400_000);
-        let (y, m, d) = civil_from_days(days);
         let (h, min, s, milli) = (in_day / 3_600_000, (in_day / 60_000) % 60, (in_day / 1000) % 60, in_day % 1000);
         write!(f, "{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}.{milli:03}Z")
     }
@@ -33,7 +67,10 @@ impl std::fmt::Display for Timestamp {
 
 impl serde::Serialize for Timestamp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        match self.digits().as_ref().and_then(|d| std::str::from_utf8(d).ok()) {
+            Some(text) => s.serialize_str(text),
+            None => s.collect_str(self),
+        }
     }
 }
 
@@ -63,6 +100,31 @@ mod tests {
         // A leap day.
         assert_eq!(format_ms(951_782_400_001), "2000-02-29T00:00:00.001Z");
         assert_eq!(format_ms(1_700_000_000_000), "2023-11-14T22:13:20.000Z");
+    }
+
+    #[test]
+    fn the_fast_digits_match_the_formatter_everywhere() {
+        let slow = |ms: i64| {
+            let (y, m, d) = civil_from_days(ms.div_euclid(86_400_000));
+            let t = ms.rem_euclid(86_400_000);
+            format!(
+                "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+                t / 3_600_000,
+                (t / 60_000) % 60,
+                (t / 1000) % 60,
+                t % 1000
+            )
+        };
+        let mut ms = 0i64;
+        while ms < 253_402_300_800_000 {
+            // up to 9999-12-31; a step that visits every field's carries
+            assert_eq!(format_ms(ms), slow(ms), "{ms}");
+            assert_eq!(serde_json::to_string(&Timestamp(ms)).ok(), Some(format!("\"{}\"", slow(ms))));
+            ms += 999_999_937;
+        }
+        // Past year 9999 the year takes more digits, as before.
+        assert_eq!(format_ms(253_402_300_800_000), "10000-01-01T00:00:00.000Z");
+        assert_eq!(serde_json::to_string(&Timestamp(NEVER)).ok(), Some("\"0001-01-01T00:00:00Z\"".into()));
     }
 
     #[test]
