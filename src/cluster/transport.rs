@@ -380,7 +380,17 @@ impl Transport {
             }
         };
         // The answer's headers are checked before its body is used, as on the server.
-        let claim = verify_answer(target, status, &rheaders, &path, nonce, config)?;
+        let claim = match verify_answer(target, status, &rheaders, &path, nonce, config) {
+            Ok(claim) => claim,
+            Err(e) => {
+                // An answer not signed for this request is a refusal of its head (a bad signature,
+                // a replay, another protocol version), after which the server closes the connection.
+                // The connection is dropped here, before the caller hears of the refusal, so that its
+                // next request opens a new one instead of racing that close on this one.
+                peer.broken(&conn);
+                return Err(e);
+            }
+        };
         let limit = config.limits.for_endpoint(endpoint);
         if claim.body.len > limit as u64 || answer.len() as u64 != claim.body.len {
             return Err(TransportError::Decode {
