@@ -131,7 +131,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
         let from = last_log_id.map(|l| l.index + 1).unwrap_or(0);
         self.cache().truncate_from(from);
-        let items = self.store.delete_range(self.shard, from, u64::MAX)?;
+        let items = self.store.log_deletions(self.shard, from, u64::MAX)?;
         self.store.writer.write(items).await
     }
 
@@ -142,7 +142,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let previous: Option<LogId> = self.store.get_meta(self.shard, MetaKey::LastPurged)?;
         let from = previous.map_or(0, |p| p.index + 1);
         let mut items = vec![Store::put_meta(self.shard, MetaKey::LastPurged, &log_id)?];
-        items.extend(self.store.purge_range(self.shard, from, log_id.index)?);
+        items.extend(self.store.log_deletions(self.shard, from, log_id.index)?);
         self.store.writer.write(items).await
     }
 }

@@ -237,11 +237,12 @@ impl Store {
     }
 
     /// Deletions of the log keys of `shard` from the first present at or after `from` through `upto`
-    /// (or the last present, if lower). The keys are computed, not read: a Raft log has every index
-    /// between its first and last entry, and walking a thousand entries through fjall's merge of
-    /// memtables and segments just to learn their keys was about 2 % of a node's CPU under steady
-    /// writes. Only the two ends are read.
-    pub fn purge_range(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
+    /// (or the last present, if lower): a purge (a prefix) or a truncation (a suffix, `upto` =
+    /// `u64::MAX`). The keys are computed, not read: a Raft log has every index between its first and
+    /// last entry, and walking a thousand entries through fjall's merge of memtables and segments just
+    /// to learn their keys was about 2 % of a node's CPU under steady writes. Only the two ends are
+    /// read.
+    pub fn log_deletions(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
         let index_of = |key: &[u8]| -> io::Result<u64> {
             let tail: [u8; 8] = key
                 .get(key.len().saturating_sub(8)..)
@@ -259,19 +260,6 @@ impl Store {
             None => return Ok(Vec::new()),
         };
         Ok((first..=last).map(|i| Item::Del(Space::Log, log_key(shard, i))).collect())
-    }
-
-    /// Deletions of every log key of `shard` with index in `[start, end)` (present keys only).
-    pub fn delete_range(&self, shard: ShardId, start: u64, end: u64) -> io::Result<Vec<Item>> {
-        if start >= end {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::new();
-        for guard in self.log.range(log_key(shard, start)..log_key(shard, end)) {
-            let k = guard.key().map_err(io_err)?;
-            out.push(Item::Del(Space::Log, k.to_vec()));
-        }
-        Ok(out)
     }
 }
 
@@ -384,14 +372,14 @@ mod tests {
                 .collect()
         };
         // From below the first entry: starts at the first present key, ends at the purge index.
-        let first = deleted(store.purge_range(1, 0, 10).expect("purge"));
+        let first = deleted(store.log_deletions(1, 0, 10).expect("purge"));
         assert_eq!(first, (5..=10).map(|i| (1, i)).collect::<Vec<_>>());
         // Beyond the last entry (a snapshot installed ahead of the log): ends at the last present key.
-        let rest = deleted(store.purge_range(1, 11, 1_000_000).expect("purge"));
+        let rest = deleted(store.log_deletions(1, 11, 1_000_000).expect("purge"));
         assert_eq!(rest, (11..=20).map(|i| (1, i)).collect::<Vec<_>>());
         // Nothing left in the range, and other shards are never touched.
-        assert!(store.purge_range(1, 21, 1_000_000).expect("purge").is_empty());
-        assert!(store.purge_range(3, 0, u64::MAX).expect("purge").is_empty());
+        assert!(store.log_deletions(1, 21, 1_000_000).expect("purge").is_empty());
+        assert!(store.log_deletions(3, 0, u64::MAX).expect("purge").is_empty());
         store.writer.stop().await.expect("stop");
     }
 }

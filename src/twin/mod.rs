@@ -11,14 +11,13 @@ mod registry;
 mod scan;
 mod view;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::cluster::transport::{Call, CallError, Transport};
 use serde_json::Value;
 
 use crate::ids::{NodeId, ShardId, TwinId};
-use crate::metric_handles::HandleCache;
 use crate::model::{Applied, Command, TwinError};
 use crate::shard::{ShardError, Shards};
 use read::{ReadOp, ReadOut};
@@ -49,9 +48,9 @@ const ROUTE_DEADLINE: Duration = Duration::from_secs(10);
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `twinhub_route_forwarded_total`, looked up once (see `metric_handles`).
-fn forwarded() -> metrics::Counter {
-    static FORWARDED: HandleCache<(), metrics::Counter> = HandleCache::new();
-    FORWARDED.get((), |_| metrics::counter!("twinhub_route_forwarded_total"))
+fn forwarded() -> &'static metrics::Counter {
+    static FORWARDED: OnceLock<metrics::Counter> = OnceLock::new();
+    FORWARDED.get_or_init(|| metrics::counter!("twinhub_route_forwarded_total"))
 }
 
 /// Entry point of the twin layer for the front doors.
