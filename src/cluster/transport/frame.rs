@@ -77,12 +77,26 @@ pub struct Head {
 
 /// One whole frame, ready to write.
 pub fn encode(id: u64, kind: Kind, status: u16, path: &str, headers: &HeaderMap, body: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(encoded_len(path, headers, body));
+    encode_into(&mut b, id, kind, status, path, headers, body);
+    b.freeze()
+}
+
+fn head_len(path: &str, headers: &HeaderMap) -> usize {
     let mut head = 8 + 1 + 2 + 2 + path.len() + 2;
     for (n, v) in headers {
         head += 2 + n.as_str().len() + 4 + v.len();
     }
-    let mut b = BytesMut::with_capacity(8 + head + body.len());
-    b.put_u32_le(head as u32);
+    head
+}
+
+fn encoded_len(path: &str, headers: &HeaderMap, body: &[u8]) -> usize {
+    8 + head_len(path, headers) + body.len()
+}
+
+/// Appends one whole frame to `b`.
+fn encode_into(b: &mut impl BufMut, id: u64, kind: Kind, status: u16, path: &str, headers: &HeaderMap, body: &[u8]) {
+    b.put_u32_le(head_len(path, headers) as u32);
     b.put_u32_le(body.len() as u32);
     b.put_u64_le(id);
     b.put_u8(kind.code());
@@ -97,7 +111,6 @@ pub fn encode(id: u64, kind: Kind, status: u16, path: &str, headers: &HeaderMap,
         b.put_slice(v.as_bytes());
     }
     b.put_slice(body);
-    b.freeze()
 }
 
 fn invalid(what: &str) -> std::io::Error {
@@ -170,14 +183,153 @@ pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 pub type BoxIo = Box<dyn Io>;
 
-/// Writes whole frames; callers take turns, so frames never interleave.
-pub type Writer = Arc<tokio::sync::Mutex<WriteHalf<BoxIo>>>;
+/// Writes whole frames for the tasks that share a connection, several frames in one system call
+/// when several are waiting.
+///
+/// A task appends its frame to a queue, then takes the connection; whoever holds it writes every
+/// frame queued so far with one write and one flush, and a task whose frame an earlier holder wrote
+/// returns at once. Under load, the frames of many requests and answers leave in one `write`
+/// instead of one each (every `write` on a socket costs the kernel's send path and the peer a
+/// wake-up). Frames never interleave: they are appended whole, in the order the tasks queue them.
+///
+/// A write that fails, or whose task is dropped midway (a frame cut short cannot be recovered from),
+/// breaks the writer: every later write fails with the first error, so the connection is closed.
+#[derive(Clone)]
+pub struct Writer(Arc<WriterShared>);
 
-/// Writes one frame and flushes it (TLS holds written bytes until then).
-pub async fn write(w: &Writer, frame: &[u8]) -> std::io::Result<()> {
-    let mut w = w.lock().await;
-    w.write_all(frame).await?;
-    w.flush().await
+pub struct WriterShared {
+    queue: Mutex<Queue>,
+    io: tokio::sync::Mutex<WriteHalf<BoxIo>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Frames not yet handed to the connection.
+    bytes: Vec<u8>,
+    /// Frames queued since the start, and of those, the first `written` are written.
+    queued: u64,
+    written: u64,
+    /// Why the connection can no longer be written.
+    broken: Option<(std::io::ErrorKind, String)>,
+}
+
+/// A queue buffer larger than this is not kept for the next batch (a snapshot's frames would
+/// otherwise pin their size for the connection's life).
+const KEEP_BUFFER: usize = 256 * 1024;
+
+impl Queue {
+    fn error(&self) -> Option<std::io::Error> {
+        self.broken.as_ref().map(|(kind, why)| std::io::Error::new(*kind, why.clone()))
+    }
+}
+
+impl Writer {
+    pub fn new(w: WriteHalf<BoxIo>) -> Writer {
+        Writer(Arc::new(WriterShared { queue: Mutex::default(), io: tokio::sync::Mutex::new(w) }))
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.0.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes one frame (already encoded) and flushes it: TLS holds written bytes until then.
+    pub async fn write(&self, frame: &[u8]) -> std::io::Result<()> {
+        self.write_with(|b| b.extend_from_slice(frame)).await
+    }
+
+    /// Encodes a frame straight into the queue, writes and flushes it.
+    pub async fn write_frame(
+        &self,
+        id: u64,
+        kind: Kind,
+        status: u16,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> std::io::Result<()> {
+        self.write_with(|b| {
+            b.reserve(encoded_len(path, headers, body));
+            encode_into(b, id, kind, status, path, headers, body);
+        })
+        .await
+    }
+
+    async fn write_with(&self, append: impl FnOnce(&mut Vec<u8>)) -> std::io::Result<()> {
+        let mine = {
+            let mut q = self.queue();
+            if let Some(e) = q.error() {
+                return Err(e);
+            }
+            append(&mut q.bytes);
+            q.queued += 1;
+            q.queued
+        };
+        // Let the other tasks that are ready to run queue their frames first.
+        tokio::task::yield_now().await;
+        let mut io = self.0.io.lock().await;
+        let (mut batch, upto) = {
+            let mut q = self.queue();
+            if q.written >= mine {
+                return Ok(());
+            }
+            if let Some(e) = q.error() {
+                return Err(e);
+            }
+            (std::mem::take(&mut q.bytes), q.queued)
+        };
+        let mut midway = Midway { queue: &self.0.queue, done: false };
+        let result = async {
+            io.write_all(&batch).await?;
+            io.flush().await
+        }
+        .await;
+        midway.done = true;
+        let mut q = self.queue();
+        match result {
+            Ok(()) => {
+                q.written = upto;
+                if q.bytes.is_empty() && batch.capacity() <= KEEP_BUFFER {
+                    batch.clear();
+                    q.bytes = batch;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                q.broken = Some((e.kind(), e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes what is queued (best effort) and shuts the connection's write side.
+    pub async fn shutdown(&self) {
+        let mut io = self.0.io.lock().await;
+        let batch = std::mem::take(&mut self.queue().bytes);
+        if !batch.is_empty() {
+            let _ = io.write_all(&batch).await;
+        }
+        let _ = io.shutdown().await;
+    }
+
+    fn downgrade(&self) -> Weak<WriterShared> {
+        Arc::downgrade(&self.0)
+    }
+}
+
+/// Breaks the writer if the task writing a batch is dropped before the batch is out: part of a
+/// frame may have been written, and the frames of the batch are lost.
+struct Midway<'a> {
+    queue: &'a Mutex<Queue>,
+    done: bool,
+}
+
+impl Drop for Midway<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.queue.lock().unwrap_or_else(|e| e.into_inner()).broken =
+                Some((std::io::ErrorKind::Interrupted, "a write to the connection was abandoned midway".into()));
+        }
+    }
 }
 
 /// Writes a server's answer to request `id`.
@@ -192,7 +344,7 @@ pub async fn write_answer(
         Ok(c) => c.to_bytes(),
         Err(never) => match never {},
     };
-    write(w, &encode(id, Kind::Answer, parts.status.as_u16(), "", &parts.headers, &body)).await
+    w.write_frame(id, Kind::Answer, parts.status.as_u16(), "", &parts.headers, &body).await
 }
 
 /// An answer: status, headers, body.
@@ -243,10 +395,10 @@ impl Sender {
             heard: Mutex::new(Instant::now()),
             reader: Mutex::default(),
         });
-        let write: Writer = Arc::new(tokio::sync::Mutex::new(w));
+        let write = Writer::new(w);
         let reader = tokio::spawn(read_answers(r, shared.clone(), max_body));
         *shared.reader.lock().unwrap_or_else(|e| e.into_inner()) = Some(reader.abort_handle());
-        tokio::spawn(keep_alive(Arc::downgrade(&write), shared.clone(), keepalive));
+        tokio::spawn(keep_alive(write.downgrade(), shared.clone(), keepalive));
         Sender { write, shared }
     }
 
@@ -263,7 +415,7 @@ impl Sender {
         if self.is_closed() {
             return Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "connection closed"));
         }
-        if let Err(e) = write(&self.write, &encode(id, Kind::Request, 0, path, headers, body)).await {
+        if let Err(e) = self.write.write_frame(id, Kind::Request, 0, path, headers, body).await {
             self.shared.close();
             return Err(e);
         }
@@ -313,12 +465,12 @@ async fn read_answers(r: ReadHalf<BoxIo>, shared: Arc<Shared>, max_body: usize) 
     shared.pending().clear();
 }
 
-async fn keep_alive(writer: Weak<tokio::sync::Mutex<WriteHalf<BoxIo>>>, shared: Arc<Shared>, interval: Duration) {
+async fn keep_alive(writer: Weak<WriterShared>, shared: Arc<Shared>, interval: Duration) {
     let ping = encode(0, Kind::Ping, 0, "", &HeaderMap::new(), &[]);
     loop {
         tokio::time::sleep(interval).await;
         // Every sender is gone: the connection is no longer used.
-        let Some(w) = writer.upgrade() else { break };
+        let Some(w) = writer.upgrade().map(Writer) else { break };
         if shared.closed.load(Ordering::Relaxed) {
             break;
         }
@@ -327,7 +479,7 @@ async fn keep_alive(writer: Weak<tokio::sync::Mutex<WriteHalf<BoxIo>>>, shared: 
             tracing::debug!(?silent, "cluster connection silent; closing");
             break;
         }
-        if silent >= interval && write(&w, &ping).await.is_err() {
+        if silent >= interval && w.write(&ping).await.is_err() {
             break;
         }
     }
@@ -389,5 +541,89 @@ mod tests {
                 .collect();
             let _ = decode_head(Bytes::from(bytes), 0);
         }
+    }
+
+    /// A connection end that counts its flushes (one per batch the writer sends).
+    struct Counting<W> {
+        inner: W,
+        flushes: Arc<AtomicU64>,
+    }
+
+    impl<W: AsyncRead + Unpin> AsyncRead for Counting<W> {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for Counting<W> {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    #[tokio::test]
+    async fn test_concurrent_frames_arrive_whole_and_share_writes() {
+        let (near, far) = tokio::io::duplex(64);
+        let flushes = Arc::new(AtomicU64::new(0));
+        let (_, w) = tokio::io::split(Box::new(Counting { inner: near, flushes: flushes.clone() }) as BoxIo);
+        let w = Writer::new(w);
+        let frames = 50u64;
+        let writers: Vec<_> = (1..=frames)
+            .map(|id| {
+                let w = w.clone();
+                tokio::spawn(async move {
+                    let body = vec![id as u8; 100 + id as usize];
+                    w.write_frame(id, Kind::Request, 0, "/p", &HeaderMap::new(), &body).await
+                })
+            })
+            .collect();
+        let mut r = far;
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..frames {
+            let head = read_head(&mut r, 1024).await.expect("reads").expect("a frame");
+            let body = read_body(&mut r, head.body_len).await.expect("body");
+            assert_eq!(body.len(), 100 + head.id as usize, "frame {} whole", head.id);
+            assert!(body.iter().all(|&b| b == head.id as u8), "frame {} not mixed with another", head.id);
+            seen.insert(head.id);
+        }
+        for t in writers {
+            t.await.expect("joins").expect("written");
+        }
+        assert_eq!(seen.len() as u64, frames, "every frame once");
+        let flushes = flushes.load(Ordering::Relaxed);
+        assert!(flushes < frames / 2, "{flushes} flushes for {frames} frames written at once");
+    }
+
+    #[tokio::test]
+    async fn test_a_write_abandoned_midway_breaks_the_writer() {
+        let (near, _far) = tokio::io::duplex(64);
+        let (_, w) = tokio::io::split(Box::new(near) as BoxIo);
+        let w = Writer::new(w);
+        // The peer reads nothing, so the frame cannot leave whole; the timeout drops the write.
+        let cut = tokio::time::timeout(Duration::from_millis(50), w.write(&[7u8; 1000])).await;
+        assert!(cut.is_err(), "the write could not finish");
+        let next = w.write(b"next").await.expect_err("a broken writer refuses");
+        assert_eq!(next.kind(), std::io::ErrorKind::Interrupted, "{next}");
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -78,7 +78,7 @@ impl ConnService {
 async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationToken) {
     let config = conn.service.config().clone();
     let (r, w) = tokio::io::split(io);
-    let w: frame::Writer = Arc::new(tokio::sync::Mutex::new(w));
+    let w = frame::Writer::new(w);
     let streams = config.max_requests_per_connection.max(1);
     let slots = Arc::new(tokio::sync::Semaphore::new(streams));
     let mut r = tokio::io::BufReader::with_capacity(frame::READ_BUFFER, r);
@@ -100,7 +100,7 @@ async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationTok
             frame::Kind::Request => {}
             frame::Kind::Ping if head.body_len == 0 => {
                 let pong = frame::encode(head.id, frame::Kind::Pong, 0, "", &hyper::HeaderMap::new(), &[]);
-                if let Err(e) = frame::write(&w, &pong).await {
+                if let Err(e) = w.write(&pong).await {
                     break e.to_string();
                 }
                 continue;
@@ -159,7 +159,7 @@ async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationTok
     tracing::debug!("cluster connection ended: {why}");
     // Let the requests in flight answer (bounded), then close.
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(streams as u32)).await;
-    let _ = w.lock().await.shutdown().await;
+    w.shutdown().await;
     if linger {
         // Closing with unread bytes would reset the connection, and a reset can destroy the refusal
         // before the client reads it. So read (and drop, never buffer) what it still sends, briefly.

@@ -520,7 +520,7 @@ async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>)
             let service = service.clone();
             tokio::spawn(async move {
                 let (r, w) = tokio::io::split(Box::new(io) as frame::BoxIo);
-                let w: frame::Writer = Arc::new(tokio::sync::Mutex::new(w));
+                let w = frame::Writer::new(w);
                 let mut r = tokio::io::BufReader::new(r);
                 while let Ok(Some(head)) = frame::read_head(&mut r, 1 << 20).await {
                     let Ok(body) = frame::read_body(&mut r, head.body_len).await else { break };
@@ -528,7 +528,7 @@ async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>)
                     tokio::spawn(async move {
                         if head.kind == frame::Kind::Ping {
                             let pong = frame::encode(head.id, frame::Kind::Pong, 0, "", &HeaderMap::new(), &[]);
-                            let _ = frame::write(&w, &pong).await;
+                            let _ = w.write(&pong).await;
                             return;
                         }
                         let resp = if head.path.ends_with("/append-batch") {
