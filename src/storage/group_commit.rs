@@ -29,6 +29,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use fjall::{Database, Keyspace, PersistMode};
 use openraft::storage::IOFlushed;
@@ -181,6 +182,25 @@ impl GroupCommit {
     }
 }
 
+/// A round of the writer that takes longer than this is logged: every Raft group of the node waits
+/// for it, so a stall here is a stall of all the node's writes.
+const SLOW_ROUND: Duration = Duration::from_millis(500);
+
+/// Logs a slow round with where its time went: the write (fjall halts writes while its memtables
+/// wait to be flushed or its first level has too many runs) or the fsync (the disk).
+fn slow_round(requests: usize, write: Duration, fsync: Option<Duration>) {
+    let total = write + fsync.unwrap_or_default();
+    if total >= SLOW_ROUND {
+        tracing::warn!(
+            requests,
+            write_ms = write.as_millis() as u64,
+            fsync_ms = fsync.map(|f| f.as_millis() as u64),
+            "slow raft storage round: {} ms (all writes on this node waited for it)",
+            total.as_millis()
+        );
+    }
+}
+
 fn stopped() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "raft storage writer stopped")
 }
@@ -250,13 +270,16 @@ impl Writer {
             reqs.into_iter().for_each(|r| fail(r, &err));
             return;
         }
+        let started = std::time::Instant::now();
         if let Err(e) = self.write(&reqs) {
             self.failed = Some(format!("raft storage write failed: {e}"));
             let err = io::Error::other(e.to_string());
             reqs.into_iter().for_each(|r| fail(r, &err));
             return;
         }
-        self.batch_requests.record(reqs.len() as f64);
+        let wrote = started.elapsed();
+        let requests = reqs.len();
+        self.batch_requests.record(requests as f64);
         let mut durables = Vec::with_capacity(reqs.len());
         for req in reqs {
             if let Some(w) = req.written {
@@ -267,9 +290,11 @@ impl Writer {
             }
         }
         if durables.is_empty() {
+            slow_round(requests, wrote, None);
             return;
         }
         let result = self.sync();
+        slow_round(requests, wrote, Some(started.elapsed().saturating_sub(wrote)));
         for d in durables {
             complete(d, result.as_ref().map(|_| ()).map_err(|e| io::Error::new(e.kind(), e.to_string())));
         }
