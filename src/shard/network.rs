@@ -75,6 +75,22 @@ fn deadline(option: &RPCOption) -> Duration {
     option.soft_ttl()
 }
 
+/// The deadline of an `AppendEntries` that carries entries: four soft TTLs (300 ms at the default
+/// 100 ms heartbeat). openraft gives every append the heartbeat interval, but under load a follower's
+/// answer waits for its turn at the node's storage writer, and near saturation that passes 75 ms:
+/// each such timeout ends the follower's replication stream and sends its entries again, more work
+/// exactly when the nodes have least to spare. Nothing waits on this deadline for safety: a commit
+/// needs only the fastest majority, heartbeats (appends without entries) keep the short deadline
+/// that leader leases rely on, and a dead peer is found sooner by its connection (refused connects,
+/// keep-alive) than by a timeout.
+fn append_deadline(rpc: &AppendEntriesRequest<TypeConfig>, option: &RPCOption) -> Duration {
+    if rpc.entries.is_empty() {
+        deadline(option)
+    } else {
+        deadline(option) * 4
+    }
+}
+
 impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
     type SnapshotData = SnapshotData;
 
@@ -86,7 +102,8 @@ impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let t = self.transport_to(target, shard)?;
-        t.append_entries(target, shard, rpc, deadline(&option))
+        let deadline = append_deadline(&rpc, &option);
+        t.append_entries(target, shard, rpc, deadline)
             .await
             .map_err(|e| self.rpc_error(target, RPCTypes::AppendEntries, e))
     }
