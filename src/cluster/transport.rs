@@ -17,7 +17,8 @@
 //!
 //! # Deadlines
 //! Every request has one: openraft's `RPCOption::soft_ttl()` for Raft RPCs (openraft asks transports
-//! to time out at the soft TTL so they report `Timeout` before it abandons the call at the hard one),
+//! to time out at the soft TTL so they report `Timeout` before it abandons the call at the hard one;
+//! an `AppendEntries` that carries entries gets four times that, see `shard::network`),
 //! [`TransportConfig::call_timeout`] or the caller's for calls. A connect counts against the deadline
 //! too, and a peer whose connects fail is put in exponential backoff: requests to it fail at once
 //! (`Unreachable` for openraft) until the backoff ends, instead of each waiting for a timeout.
