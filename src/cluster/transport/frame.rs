@@ -197,7 +197,8 @@ pub type BoxIo = Box<dyn Io>;
 #[derive(Clone)]
 pub struct Writer(Arc<WriterShared>);
 
-pub struct WriterShared {
+/// What the clones of a [`Writer`] share: the queue of frames and the connection's write half.
+struct WriterShared {
     queue: Mutex<Queue>,
     io: tokio::sync::Mutex<WriteHalf<BoxIo>>,
 }
