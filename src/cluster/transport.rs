@@ -18,7 +18,8 @@
 //! # Deadlines
 //! Every request has one: openraft's `RPCOption::soft_ttl()` for Raft RPCs (openraft asks transports
 //! to time out at the soft TTL so they report `Timeout` before it abandons the call at the hard one;
-//! an `AppendEntries` that carries entries gets four times that, see `shard::network`),
+//! replication `AppendEntries` get four times that, heartbeats go alone with the soft TTL, see
+//! `shard::network`),
 //! [`TransportConfig::call_timeout`] or the caller's for calls. A connect counts against the deadline
 //! too, and a peer whose connects fail is put in exponential backoff: requests to it fail at once
 //! (`Unreachable` for openraft) until the backoff ends, instead of each waiting for a timeout.
@@ -248,6 +249,18 @@ impl Transport {
         let body = wire::encode(&ShardRequest { shard, rpc }).map_err(TransportError::Encode)?;
         let answer = self.append_queued(target, body.into(), deadline).await?;
         decode_answer(target, &answer)
+    }
+
+    /// An `AppendEntries` as a call of its own, past the peer's append queue: for heartbeats, whose
+    /// short deadline must not become a batch's.
+    pub async fn heartbeat(
+        &self,
+        target: NodeId,
+        shard: ShardId,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        deadline: Duration,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, TransportError> {
+        self.raft(target, RaftKind::Append, &ShardRequest { shard, rpc }, deadline).await
     }
 
     pub async fn vote(

@@ -32,6 +32,8 @@ use crate::ids::{NodeId, ShardId};
 pub struct ShardRouter {
     /// `None` for single-voter groups: there is nobody to talk to.
     transport: Option<Transport>,
+    /// This copy carries a group's heartbeats (see [`append_deadline`]).
+    heartbeats: bool,
 }
 
 /// Why a send failed: there is no transport to that node (yet).
@@ -45,7 +47,7 @@ pub struct NoRoute {
 impl ShardRouter {
     /// A router sending over `transport`.
     pub fn new(transport: Transport) -> ShardRouter {
-        ShardRouter { transport: Some(transport) }
+        ShardRouter { transport: Some(transport), heartbeats: false }
     }
 
     pub fn transport(&self) -> Option<&Transport> {
@@ -75,16 +77,21 @@ fn deadline(option: &RPCOption) -> Duration {
     option.soft_ttl()
 }
 
-/// The deadline of an `AppendEntries` that carries entries: four soft TTLs (300 ms at the default
-/// 100 ms heartbeat). openraft gives every append the heartbeat interval, but under load a follower's
-/// answer waits for its turn at the node's storage writer, and near saturation that passes 75 ms:
-/// each such timeout ends the follower's replication stream and sends its entries again, more work
-/// exactly when the nodes have least to spare. Nothing waits on this deadline for safety: a commit
-/// needs only the fastest majority, heartbeats (appends without entries) keep the short deadline
-/// that leader leases rely on, and a dead peer is found sooner by its connection (refused connects,
+/// The deadline of a replication `AppendEntries`: four soft TTLs (300 ms at the default 100 ms
+/// heartbeat). openraft gives every append the heartbeat interval, but under load a follower's answer
+/// waits for its turn at the node's storage writer, and near saturation that passes 75 ms: each such
+/// timeout ends the follower's replication stream and sends its entries again, more work exactly when
+/// the nodes have least to spare. Nothing waits on this deadline for safety: a commit needs only the
+/// fastest majority, and a dead peer is found sooner by its connection (refused connects,
 /// keep-alive) than by a timeout.
-fn append_deadline(rpc: &AppendEntriesRequest<TypeConfig>, option: &RPCOption) -> Duration {
-    if rpc.entries.is_empty() {
+///
+/// Heartbeats (and the lease probes of linearizable reads) come through the group's heartbeat client
+/// instead: they keep the soft TTL, and go as calls of their own rather than through the peer's
+/// append queue. A heartbeat in a batch would cut the whole batch's deadline to its own (the
+/// receiver answers a batch at half its earliest deadline), and openraft wants them free of
+/// replication backpressure anyway; at one per group and follower every 100 ms they are few.
+fn append_deadline(heartbeat: bool, option: &RPCOption) -> Duration {
+    if heartbeat {
         deadline(option)
     } else {
         deadline(option) * 4
@@ -102,10 +109,13 @@ impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let t = self.transport_to(target, shard)?;
-        let deadline = append_deadline(&rpc, &option);
-        t.append_entries(target, shard, rpc, deadline)
-            .await
-            .map_err(|e| self.rpc_error(target, RPCTypes::AppendEntries, e))
+        let deadline = append_deadline(self.heartbeats, &option);
+        let answer = if self.heartbeats {
+            t.heartbeat(target, shard, rpc, deadline).await
+        } else {
+            t.append_entries(target, shard, rpc, deadline).await
+        };
+        answer.map_err(|e| self.rpc_error(target, RPCTypes::AppendEntries, e))
     }
 
     async fn vote(
@@ -173,14 +183,24 @@ pub type Network = GroupNetworkAdapter<TypeConfig, ShardId, ShardRouter>;
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
 
-    /// Also where the router learns peer addresses: membership records each node's address, and
-    /// openraft calls this for every target it is about to talk to.
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        if let Some(t) = &self.factory.transport {
-            t.peers().learn(target, &node.addr);
-        }
-        GroupNetworkAdapter::new(self.factory.clone(), target, self.group_id)
+        client(self, target, node, false)
     }
+
+    /// A client whose appends are heartbeats: short deadline, sent alone (see [`append_deadline`]).
+    async fn new_heartbeat_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        client(self, target, node, true)
+    }
+}
+
+/// A group's client to `target`. Also where the router learns peer addresses: membership records each
+/// node's address, and openraft asks for a client for every target it is about to talk to.
+fn client(factory: &NetworkFactory, target: NodeId, node: &Node, heartbeats: bool) -> Network {
+    if let Some(t) = &factory.factory.transport {
+        t.peers().learn(target, &node.addr);
+    }
+    let router = ShardRouter { heartbeats, ..factory.factory.clone() };
+    GroupNetworkAdapter::new(router, target, factory.group_id)
 }
 
 #[cfg(test)]

@@ -509,6 +509,46 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
     server.await.expect("server");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_heartbeats_go_alone_and_replication_appends_share_calls() {
+    let peer = transport(2);
+    let (addr, stop, server) = start_server(&peer).await;
+    let mut config = TransportConfig::new(1, secret(SECRET));
+    config.append_calls_in_flight = 1;
+    let t = Transport::new(config);
+    let node = Node { addr };
+    let empty = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::impls::Vote::new_committed(1, 1),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let batches = || t.peers().get(2).map_or(0, |p| p.appends.batch_calls());
+    // Thirty groups' heartbeat clients at once: each a call of its own, past the append queue, so
+    // no batch takes a heartbeat's short deadline.
+    let mut clients = Vec::new();
+    for shard in 0..30u32 {
+        clients.push(NetworkFactory::new(ShardRouter::new(t.clone()), shard).new_heartbeat_client(2, &node).await);
+    }
+    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, empty(), RPCOption::new(WAIT)));
+    for r in futures::future::join_all(sends).await {
+        assert!(matches!(r, Err(RPCError::Unreachable(_))), "shard not hosted there: {r:?}");
+    }
+    assert_eq!(batches(), 0, "heartbeats were batched");
+    // The same requests through the groups' replication clients queue and share calls.
+    let mut clients = Vec::new();
+    for shard in 0..30u32 {
+        clients.push(NetworkFactory::new(ShardRouter::new(t.clone()), shard).new_client(2, &node).await);
+    }
+    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, empty(), RPCOption::new(WAIT)));
+    for r in futures::future::join_all(sends).await {
+        assert!(matches!(r, Err(RPCError::Unreachable(_))), "shard not hosted there: {r:?}");
+    }
+    assert!(batches() > 0, "thirty concurrent replication appends never shared a call");
+    stop.cancel();
+    server.await.expect("server");
+}
+
 /// A node of an older release: the real service for every endpoint but `append-batch`, which it does
 /// not have (an unsigned 404, as the real service answers any unknown path).
 async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>) {
