@@ -118,6 +118,11 @@ fn register_defaults() {
         ("twinhub_rpc_server_requests_total", "Inter-node calls received, by kind."),
         ("twinhub_rpc_server_errors_total", "Inter-node calls received that failed, by kind."),
         ("twinhub_rpc_server_refused_total", "Inter-node calls refused (bad signature, replay, unknown peer)."),
+        (
+            "twinhub_raft_appends_sent_total",
+            "AppendEntries sent by the groups this node leads, by what they carry (entries, commit, heartbeat).",
+        ),
+        ("twinhub_raft_entries_sent_total", "Log entries sent in AppendEntries by the groups this node leads."),
         ("twinhub_shard_leader_changes_total", "Leader changes seen by this node, by shard."),
         ("twinhub_shard_leader_transfers_total", "Leadership transfers started by the balancer, by shard."),
         (

@@ -26,6 +26,7 @@ use openraft_multi::{GroupNetworkAdapter, GroupNetworkFactory, GroupRouter};
 use super::types::{Node, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::cluster::transport::{Transport, TransportError};
 use crate::ids::{NodeId, ShardId};
+use crate::metric_handles::HandleCache;
 
 /// The node's outgoing Raft transport, shared by all shard groups.
 #[derive(Clone, Debug, Default)]
@@ -98,6 +99,23 @@ fn append_deadline(heartbeat: bool, option: &RPCOption) -> Duration {
     }
 }
 
+/// Counts an outgoing `AppendEntries` by what it carries: heartbeats, entries, or neither (the
+/// replication stream telling a follower a new commit index it had no entry to ride on). Entries
+/// per append is how much each Raft round is shared.
+fn count_append(heartbeat: bool, entries: usize) {
+    static SENT: HandleCache<&'static str, metrics::Counter> = HandleCache::new();
+    static ENTRIES: HandleCache<(), metrics::Counter> = HandleCache::new();
+    let carries = match (heartbeat, entries) {
+        (true, _) => "heartbeat",
+        (false, 0) => "commit",
+        (false, _) => "entries",
+    };
+    SENT.get(carries, |c| metrics::counter!("twinhub_raft_appends_sent_total", "carries" => *c)).increment(1);
+    if entries > 0 {
+        ENTRIES.get((), |_| metrics::counter!("twinhub_raft_entries_sent_total")).increment(entries as u64);
+    }
+}
+
 impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
     type SnapshotData = SnapshotData;
 
@@ -109,6 +127,7 @@ impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let t = self.transport_to(target, shard)?;
+        count_append(self.heartbeats, rpc.entries.len());
         let deadline = append_deadline(self.heartbeats, &option);
         let answer = if self.heartbeats {
             t.heartbeat(target, shard, rpc, deadline).await
