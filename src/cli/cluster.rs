@@ -252,11 +252,14 @@ fn free_ports(n: usize) -> Result<Vec<u16>, LauncherError> {
 }
 
 fn pid_alive(pid: u32) -> bool {
-    // A zombie (exited, not yet reaped) still has a /proc entry: look at its state.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')).unwrap_or(false),
-        Err(_) => false,
-    }
+    // A zombie (exited, not yet reaped) still has a /proc entry: look at its state. The thread-group
+    // leader turns zombie before its other threads have exited (one may still be finishing an fsync
+    // after SIGKILL), and those still hold the process's files and listening sockets: until they
+    // are gone too, a restart on the same ports would fail.
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let zombie = stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    !zombie || threads > 1
 }
 
 fn signal(pid: u32, sig: &str) {

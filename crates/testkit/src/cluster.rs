@@ -59,11 +59,14 @@ pub struct Cluster {
 }
 
 pub fn pid_alive(pid: u32) -> bool {
-    // A zombie (killed, not yet reaped by whoever inherited it) still has a /proc entry.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+    // A zombie (exited, not yet reaped) still has a /proc entry: look at its state. The thread-group
+    // leader turns zombie before its other threads have exited (one may still be finishing an fsync
+    // after SIGKILL), and those still hold the process's files and listening sockets: until they
+    // are gone too, a restart on the same ports would fail.
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let zombie = stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    !zombie || threads > 1
 }
 
 /// SIGKILL `pid` if it still runs twinhub (never a recycled pid of something else).
