@@ -116,7 +116,14 @@ cargo build 2>&1
 
 step "cargo test (unit + integration against the real binary)"
 # The fuzz smoke tests get their own step and budget below.
-cargo test --no-fail-fast -- --skip fuzz_smoke_ 2>&1 || failed+=("cargo test")
+# The output is kept too: on failure, the summary at the very end repeats which tests failed and how,
+# so that the tail of a long run is enough to tell.
+mkdir -p target
+set +o pipefail
+cargo test --no-fail-fast -- --skip fuzz_smoke_ 2>&1 | tee target/cargo-test.log
+test_status=${PIPESTATUS[0]}
+set -o pipefail
+[ "$test_status" -eq 0 ] || failed+=("cargo test")
 
 # Stable Rust, no instrumentation: a cold libFuzzer build of the server takes ~8 minutes here, so CI
 # runs the mutation driver instead (fuzz/README.md). A crash fails the run and leaves the input in
@@ -138,6 +145,13 @@ else
 fi
 
 if [ ${#failed[@]} -gt 0 ]; then
+  if [ "${test_status:-0}" -ne 0 ] && [ -f target/cargo-test.log ]; then
+    step "cargo test failures (from target/cargo-test.log)"
+    # Each failed test's own output, cut to its first lines, then the failing test binaries.
+    awk '/^---- .* stdout ----$/ { n = 0; show = 1 } /^failures:$/ { show = 0 }
+         show && n < 30 { print; n++ }' target/cargo-test.log | head -200
+    grep -E '^test .* FAILED$|^error: test failed|^error: [0-9]+ targets? failed' target/cargo-test.log | head -40
+  fi
   step "FAILED: ${failed[*]}"
   exit 1
 fi
