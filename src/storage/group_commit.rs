@@ -4,7 +4,9 @@
 //! snapshots) is a [`Request`] sent to one writer thread. The thread takes *everything* pending,
 //! writes it to fjall as one batch (so it is readable at once), tells each waiting caller that its
 //! write is visible, then fsyncs once (`PersistMode::SyncAll`) and only after that completes each
-//! append's `IOFlushed` callback and each vote save's signal.
+//! append's `IOFlushed` callback and each vote save's signal. Log appends and committed ids do not
+//! wait to be visible (their readers have the log cache, or ask for a [`GroupCommit::barrier`]):
+//! requests are taken in the order they were queued, so a later truncation or read still sees them.
 //!
 //! Durability argument: fjall has one journal per database and writes it sequentially, so an fsync
 //! makes durable every batch written before it, across all shards. A callback is completed only by
@@ -83,6 +85,9 @@ enum Msg {
     /// Test hook: behave as if the disk had failed.
     #[cfg(test)]
     Fail,
+    /// Test hook: take nothing more until the sender sends or is dropped.
+    #[cfg(test)]
+    Hold(mpsc::Receiver<()>),
 }
 
 /// Handle of the writer thread.
@@ -146,11 +151,35 @@ impl GroupCommit {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Writes `items`, returns once they are visible, and completes `flushed` after the fsync.
-    pub async fn append(&self, items: Vec<Item>, flushed: IOFlushed<TypeConfig>) -> io::Result<()> {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Request { items, written: Some(tx), durable: Durable::Flushed(flushed) });
-        rx.await.map_err(|_| stopped())?
+    /// Queues `items` and returns at once; completes `flushed` after the fsync that follows their
+    /// write. Nothing waits for them to become visible: a reader that needs them from fjall (rather
+    /// than from a cache kept beside it) calls [`GroupCommit::barrier`] first. Saves the caller a
+    /// wake-up per round, which is what an append costs a Raft group's core task.
+    pub fn append(&self, items: Vec<Item>, flushed: IOFlushed<TypeConfig>) {
+        self.submit(Request { items, written: None, durable: Durable::Flushed(flushed) });
+    }
+
+    /// Queues `items` and returns at once; they are written in order with everything else and made
+    /// durable by the next fsync. A write failure fails every later request, so a caller that needs
+    /// to know learns it from its next acknowledged one.
+    pub fn queue(&self, items: Vec<Item>) {
+        self.submit(Request { items, written: None, durable: Durable::None });
+    }
+
+    /// Returns once everything queued before it is visible to readers. The writer takes requests in
+    /// the order they were queued, so an empty request is answered only after every earlier one.
+    pub async fn barrier(&self) -> io::Result<()> {
+        self.write(Vec::new()).await
+    }
+
+    /// Test hook: the writer takes nothing more until `release` is dropped or sent to.
+    #[cfg(test)]
+    pub fn hold(&self) -> mpsc::Sender<()> {
+        let (release, held) = mpsc::channel();
+        if let Some(tx) = self.sender() {
+            let _ = tx.send(Msg::Hold(held));
+        }
+        release
     }
 
     /// Test hook: every later write fails as if the disk had failed.
@@ -248,6 +277,10 @@ impl Writer {
                     Msg::Stop(done) => stop = Some(done),
                     #[cfg(test)]
                     Msg::Fail => self.failed = Some("injected disk failure".into()),
+                    #[cfg(test)]
+                    Msg::Hold(held) => {
+                        let _ = held.recv();
+                    }
                 }
                 if stop.is_none() && reqs.len() < MAX_BATCH {
                     next = rx.try_recv().ok();
@@ -305,6 +338,10 @@ impl Writer {
     fn write(&self, reqs: &[Request]) -> Result<(), fjall::Error> {
         let mut batch = self.db.batch();
         let mut keys: HashSet<(Space, &[u8])> = HashSet::new();
+        if reqs.iter().all(|r| r.items.is_empty()) {
+            // Only barriers: nothing to write.
+            return Ok(());
+        }
         for req in reqs {
             if req.items.iter().any(|i| keys.contains(&i.key())) {
                 std::mem::replace(&mut batch, self.db.batch()).commit()?;
