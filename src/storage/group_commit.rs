@@ -153,8 +153,8 @@ impl GroupCommit {
 
     /// Queues `items` and returns at once; completes `flushed` after the fsync that follows their
     /// write. Nothing waits for them to become visible: a reader that needs them from fjall (rather
-    /// than from a cache kept beside it) calls [`GroupCommit::barrier`] first. Saves the caller a
-    /// wake-up per round, which is what an append costs a Raft group's core task.
+    /// than from a cache kept beside it) calls [`GroupCommit::barrier`] first. The caller, a Raft
+    /// group's core task, goes on while the writer writes instead of standing still until it has.
     pub fn append(&self, items: Vec<Item>, flushed: IOFlushed<TypeConfig>) {
         self.submit(Request { items, written: None, durable: Durable::Flushed(flushed) });
     }
@@ -336,12 +336,12 @@ impl Writer {
     /// Writes all requests in as few fjall batches as possible. Items of one batch share a sequence
     /// number, so two changes of the same key must go to different batches to keep their order.
     fn write(&self, reqs: &[Request]) -> Result<(), fjall::Error> {
-        let mut batch = self.db.batch();
-        let mut keys: HashSet<(Space, &[u8])> = HashSet::new();
         if reqs.iter().all(|r| r.items.is_empty()) {
             // Only barriers: nothing to write.
             return Ok(());
         }
+        let mut batch = self.db.batch();
+        let mut keys: HashSet<(Space, &[u8])> = HashSet::new();
         for req in reqs {
             if req.items.iter().any(|i| keys.contains(&i.key())) {
                 std::mem::replace(&mut batch, self.db.batch()).commit()?;
