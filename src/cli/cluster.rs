@@ -251,7 +251,9 @@ fn free_ports(n: usize) -> Result<Vec<u16>, LauncherError> {
     crate::net::free_loopback_ports(n).map_err(io("choosing a free port"))
 }
 
-fn pid_alive(pid: u32) -> bool {
+/// Whether `pid` still runs, counting a zombie whose other threads have not all exited (the bench's
+/// process helpers use this one too).
+pub fn pid_alive(pid: u32) -> bool {
     // A zombie (exited, not yet reaped) still has a /proc entry: look at its state. The thread-group
     // leader turns zombie before its other threads have exited (one may still be finishing an fsync
     // after SIGKILL), and those still hold the process's files and listening sockets: until they

@@ -110,17 +110,11 @@ pub fn stop_child(c: &mut Child, grace: Duration) -> Duration {
     started.elapsed()
 }
 
-/// Whether `pid` still runs. A process whose main thread has exited shows as a zombie while its other
-/// threads are still being torn down (a node unmapping gigabytes of heap), and until the last of them
-/// is gone it keeps its files, the data directory's lock among them: it counts as alive until then.
-pub fn pid_alive(pid: u32) -> bool {
-    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        return false;
-    }
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z ")).unwrap_or(false);
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
-    !zombie || threads > 1
-}
+/// Whether `pid` still runs: the cluster launcher's check. A process whose main thread has exited
+/// shows as a zombie while its other threads are still being torn down (a node unmapping gigabytes of
+/// heap), and until the last of them is gone it keeps its files, the data directory's lock among them:
+/// it counts as alive until then.
+pub use twinhub::cli::cluster::pid_alive;
 
 /// Raises the soft (and if needed, as root, the hard) RLIMIT_NOFILE to at least `want`; returns the
 /// resulting soft limit.
