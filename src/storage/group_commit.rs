@@ -113,6 +113,7 @@ impl GroupCommit {
             syncs: syncs.clone(),
             batch_requests: metrics::histogram!("twinhub_storage_batch_requests"),
             fsync_seconds: metrics::histogram!("twinhub_storage_fsync_seconds"),
+            write_seconds: metrics::histogram!("twinhub_storage_write_seconds"),
         };
         let thread = std::thread::Builder::new().name("raft-group-commit".into()).spawn(move || writer.run(rx))?;
         Ok(GroupCommit { tx: Mutex::new(Some(tx)), syncs, thread: Mutex::new(Some(thread)) })
@@ -263,6 +264,10 @@ struct Writer {
     /// writer records both every round (the recorder is installed before storage opens).
     batch_requests: metrics::Histogram,
     fsync_seconds: metrics::Histogram,
+    /// `twinhub_storage_write_seconds`: how long a round's write into fjall took (before its fsync).
+    /// fjall holds a writer back when its memtable flushes fall behind, and every append of the node
+    /// waits for that round.
+    write_seconds: metrics::Histogram,
 }
 
 impl Writer {
@@ -311,6 +316,7 @@ impl Writer {
             return;
         }
         let wrote = started.elapsed();
+        self.write_seconds.record(wrote.as_secs_f64());
         let requests = reqs.len();
         self.batch_requests.record(requests as f64);
         let mut durables = Vec::with_capacity(reqs.len());

@@ -5,13 +5,14 @@
 //! - keyspace `log`: `shard u32 BE ‖ index u64 BE` → postcard `Entry`. Big-endian keys sort by
 //!   shard, then index, so a shard's log is one contiguous range.
 //! - keyspace `meta`: `shard u32 BE ‖ tag u8` → postcard value (vote, committed, last purged log id,
-//!   snapshot meta) or raw snapshot bytes. Snapshots are no longer written here (see
-//!   [`super::snapshot_files`]); one stored by an older version is still read, and removed once a
-//!   newer snapshot file is durable.
+//!   how far the purged entries are deleted, snapshot meta) or raw snapshot bytes. Snapshots are no
+//!   longer written here (see [`super::snapshot_files`]); one stored by an older version is still
+//!   read, and removed once a newer snapshot file is durable.
 //!
 //! Snapshot files live in `data_dir/raft/snapshots`, beside fjall's own folders.
 
 use std::io;
+use std::ops::RangeInclusive;
 use std::path::Path;
 
 use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
@@ -32,6 +33,8 @@ pub enum MetaKey {
     LastPurged = 3,
     SnapshotMeta = 4,
     SnapshotData = 5,
+    /// The highest index whose deletion after a purge is written (see `LogStore::purge`).
+    DeletedThrough = 6,
 }
 
 pub struct Store {
@@ -238,11 +241,18 @@ impl Store {
 
     /// Deletions of the log keys of `shard` from the first present at or after `from` through `upto`
     /// (or the last present, if lower): a purge (a prefix) or a truncation (a suffix, `upto` =
-    /// `u64::MAX`). The keys are computed, not read: a Raft log has every index between its first and
+    /// `u64::MAX`). See [`Store::present_indexes`].
+    pub fn log_deletions(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
+        let present = self.present_indexes(shard, from, upto)?;
+        Ok(present.into_iter().flatten().map(|i| Item::Del(Space::Log, log_key(shard, i))).collect())
+    }
+
+    /// The indexes of `shard`'s log from the first present at or after `from` through `upto` (or the
+    /// last present, if lower); `None` if none is. Computed, not read: a Raft log has every index between its first and
     /// last entry, and walking a thousand entries through fjall's merge of memtables and segments just
     /// to learn their keys was about 2 % of a node's CPU under steady writes. Only the two ends are
     /// read.
-    pub fn log_deletions(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
+    pub fn present_indexes(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Option<RangeInclusive<u64>>> {
         let index_of = |key: &[u8]| -> io::Result<u64> {
             let tail: [u8; 8] = key
                 .get(key.len().saturating_sub(8)..)
@@ -253,13 +263,13 @@ impl Store {
         let (lo, hi) = (log_key(shard, from), log_key(shard, upto));
         let first = match self.log.range(lo..=hi.clone()).next() {
             Some(guard) => index_of(&guard.key().map_err(io_err)?)?,
-            None => return Ok(Vec::new()),
+            None => return Ok(None),
         };
         let last = match self.log.range(log_key(shard, first)..=hi).next_back() {
             Some(guard) => index_of(&guard.key().map_err(io_err)?)?,
-            None => return Ok(Vec::new()),
+            None => return Ok(None),
         };
-        Ok((first..=last).map(|i| Item::Del(Space::Log, log_key(shard, i))).collect())
+        Ok(Some(first..=last))
     }
 }
 
