@@ -193,6 +193,11 @@ fn register_defaults() {
         "Duration of one group-commit fsync."
     );
     metrics::describe_histogram!(
+        "twinhub_storage_write_seconds",
+        metrics::Unit::Seconds,
+        "Duration of one group-commit round's write, before its fsync; every append of the node waits for it."
+    );
+    metrics::describe_histogram!(
         "twinhub_storage_batch_requests",
         "Storage requests (log appends of every shard) covered by one fsync."
     );
