@@ -240,18 +240,18 @@ impl Store {
     }
 
     /// Deletions of the log keys of `shard` from the first present at or after `from` through `upto`
-    /// (or the last present, if lower): a purge (a prefix) or a truncation (a suffix, `upto` =
-    /// `u64::MAX`). See [`Store::present_indexes`].
+    /// (or the last present, if lower), as a truncation (a suffix, `upto` = `u64::MAX`) needs them.
+    /// See [`Store::present_indexes`].
     pub fn log_deletions(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Vec<Item>> {
         let present = self.present_indexes(shard, from, upto)?;
         Ok(present.into_iter().flatten().map(|i| Item::Del(Space::Log, log_key(shard, i))).collect())
     }
 
     /// The indexes of `shard`'s log from the first present at or after `from` through `upto` (or the
-    /// last present, if lower); `None` if none is. Computed, not read: a Raft log has every index between its first and
-    /// last entry, and walking a thousand entries through fjall's merge of memtables and segments just
-    /// to learn their keys was about 2 % of a node's CPU under steady writes. Only the two ends are
-    /// read.
+    /// last present, if lower); `None` if none is. Computed, not read: a Raft log has every index
+    /// between its first and last entry, and walking a thousand entries through fjall's merge of
+    /// memtables and segments just to learn their keys was about 2 % of a node's CPU under steady
+    /// writes. Only the two ends are read.
     pub fn present_indexes(&self, shard: ShardId, from: u64, upto: u64) -> io::Result<Option<RangeInclusive<u64>>> {
         let index_of = |key: &[u8]| -> io::Result<u64> {
             let tail: [u8; 8] = key
