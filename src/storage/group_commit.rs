@@ -7,6 +7,8 @@
 //! append's `IOFlushed` callback and each vote save's signal. Log appends and committed ids do not
 //! wait to be visible (their readers have the log cache, or ask for a [`GroupCommit::barrier`]):
 //! requests are taken in the order they were queued, so a later truncation or read still sees them.
+//! Committed ids do not even wake the writer ([`GroupCommit::queue_unhurried`]): they go with the
+//! next request, which spares the writer a round of its own for nearly every Raft round.
 //!
 //! Durability argument: fjall has one journal per database and writes it sequentially, so an fsync
 //! makes durable every batch written before it, across all shards. A callback is completed only by
@@ -26,7 +28,7 @@
 
 use std::collections::HashSet;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -80,6 +82,9 @@ pub struct Request {
 
 enum Msg {
     Write(Request),
+    /// Items that waited in [`GroupCommit::queue_unhurried`]'s slot, then the request that took them
+    /// along: one message, so both go in the same round.
+    WriteAfter(Request, Request),
     /// Flush, sync and stop the thread.
     Stop(oneshot::Sender<io::Result<()>>),
     /// Test hook: behave as if the disk had failed.
@@ -93,6 +98,11 @@ enum Msg {
 /// Handle of the writer thread.
 pub struct GroupCommit {
     tx: Mutex<Option<mpsc::Sender<Msg>>>,
+    /// Items that do not wake the writer (see [`GroupCommit::queue_unhurried`]): the next request
+    /// takes them along, ahead of itself.
+    unhurried: Mutex<Vec<Item>>,
+    /// Whether `unhurried` holds anything, so that a request only locks it when it does.
+    has_unhurried: AtomicBool,
     /// fsyncs done so far (metrics; tests check that batches share them).
     syncs: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -116,7 +126,13 @@ impl GroupCommit {
             write_seconds: metrics::histogram!("twinhub_storage_write_seconds"),
         };
         let thread = std::thread::Builder::new().name("raft-group-commit".into()).spawn(move || writer.run(rx))?;
-        Ok(GroupCommit { tx: Mutex::new(Some(tx)), syncs, thread: Mutex::new(Some(thread)) })
+        Ok(GroupCommit {
+            tx: Mutex::new(Some(tx)),
+            unhurried: Mutex::new(Vec::new()),
+            has_unhurried: AtomicBool::new(false),
+            syncs,
+            thread: Mutex::new(Some(thread)),
+        })
     }
 
     pub fn sync_count(&self) -> u64 {
@@ -133,9 +149,30 @@ impl GroupCommit {
             fail(req, &stopped());
             return;
         };
-        if let Err(mpsc::SendError(Msg::Write(req))) = tx.send(Msg::Write(req)) {
-            fail(req, &stopped());
+        if !self.has_unhurried.load(Ordering::Acquire) {
+            if let Err(mpsc::SendError(Msg::Write(req))) = tx.send(Msg::Write(req)) {
+                fail(req, &stopped());
+            }
+            return;
         }
+        // The slot stays locked until its items are in the channel, so that two callers cannot
+        // pass each other's items to the writer out of order.
+        let mut slot = self.lock_unhurried();
+        let msg = match take_all(&mut slot) {
+            Some(ahead) => Msg::WriteAfter(ahead, req),
+            None => Msg::Write(req),
+        };
+        match tx.send(msg) {
+            Ok(()) => {}
+            Err(mpsc::SendError(Msg::Write(req) | Msg::WriteAfter(_, req))) => fail(req, &stopped()),
+            Err(mpsc::SendError(_)) => {}
+        }
+    }
+
+    fn lock_unhurried(&self) -> std::sync::MutexGuard<'_, Vec<Item>> {
+        let slot = self.unhurried.lock().unwrap_or_else(|e| e.into_inner());
+        self.has_unhurried.store(false, Ordering::Release);
+        slot
     }
 
     /// Writes `items` and returns once they are visible to readers (durable at the next fsync).
@@ -167,6 +204,21 @@ impl GroupCommit {
         self.submit(Request { items, written: None, durable: Durable::None });
     }
 
+    /// Like [`GroupCommit::queue`], but without waking the writer: the items wait until the next
+    /// request of any caller (or a barrier, or [`GroupCommit::stop`]) and are written just ahead of
+    /// it, so the order of everything queued is kept. An item replaces one still waiting for the
+    /// same key. For writes whose loss in a crash costs nothing but work (a group's committed id:
+    /// openraft learns it again from the leader); a writer woken for each of them would do a round
+    /// of its own, with its thread hand-offs, for every Raft round of every group.
+    pub fn queue_unhurried(&self, items: Vec<Item>) {
+        let mut slot = self.lock_unhurried();
+        for item in items {
+            slot.retain(|waiting| waiting.key() != item.key());
+            slot.push(item);
+        }
+        self.has_unhurried.store(!slot.is_empty(), Ordering::Release);
+    }
+
     /// Returns once everything queued before it is visible to readers. The writer takes requests in
     /// the order they were queued, so an empty request is answered only after every earlier one.
     pub async fn barrier(&self) -> io::Result<()> {
@@ -196,6 +248,9 @@ impl GroupCommit {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         let result = match tx {
             Some(tx) => {
+                if let Some(ahead) = take_all(&mut self.lock_unhurried()) {
+                    let _ = tx.send(Msg::Write(ahead));
+                }
                 let (done_tx, done_rx) = oneshot::channel();
                 match tx.send(Msg::Stop(done_tx)) {
                     Ok(()) => done_rx.await.map_err(|_| stopped()).and_then(|r| r),
@@ -229,6 +284,12 @@ fn slow_round(requests: usize, write: Duration, fsync: Option<Duration>) {
             total.as_millis()
         );
     }
+}
+
+/// The unhurried slot's items as one request, leaving it empty.
+fn take_all(slot: &mut Vec<Item>) -> Option<Request> {
+    let items = std::mem::take(slot);
+    (!items.is_empty()).then_some(Request { items, written: None, durable: Durable::None })
 }
 
 fn stopped() -> io::Error {
@@ -279,6 +340,10 @@ impl Writer {
             while let Some(msg) = next.take() {
                 match msg {
                     Msg::Write(r) => reqs.push(r),
+                    Msg::WriteAfter(ahead, r) => {
+                        reqs.push(ahead);
+                        reqs.push(r);
+                    }
                     Msg::Stop(done) => stop = Some(done),
                     #[cfg(test)]
                     Msg::Fail => self.failed = Some("injected disk failure".into()),
@@ -450,6 +515,37 @@ mod tests {
                 assert_eq!(&v[..], &[shard as u8, i as u8]);
             }
         }
+        store.writer.stop().await.unwrap();
+    }
+
+    /// An unhurried item wakes nobody: it is invisible until the next request of any caller, then
+    /// written ahead of it; a newer one for the same key replaces it; a stop writes what still waits.
+    #[tokio::test]
+    async fn unhurried_items_ride_on_the_next_request_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let committed = |v: u8| Item::Put(Space::Meta, b"committed".to_vec(), vec![v]);
+        store.writer.barrier().await.unwrap();
+        let syncs = store.writer.sync_count();
+
+        store.writer.queue_unhurried(vec![committed(1)]);
+        store.writer.queue_unhurried(vec![committed(2)]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(store.meta.get(b"committed").unwrap(), None, "an unhurried item woke the writer");
+        assert_eq!(store.writer.sync_count(), syncs);
+
+        // A later request of another caller takes it along, and a write of the same key queued after it wins.
+        store.writer.write(vec![Item::Put(Space::Log, log_key(0, 1), vec![9])]).await.unwrap();
+        assert_eq!(store.meta.get(b"committed").unwrap().as_deref(), Some(&[2u8][..]));
+        store.writer.queue_unhurried(vec![committed(3)]);
+        store.writer.write(vec![committed(4)]).await.unwrap();
+        assert_eq!(store.meta.get(b"committed").unwrap().as_deref(), Some(&[4u8][..]));
+
+        store.writer.queue_unhurried(vec![committed(5)]);
+        store.writer.stop().await.unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.meta.get(b"committed").unwrap().as_deref(), Some(&[5u8][..]), "stop left an item behind");
         store.writer.stop().await.unwrap();
     }
 

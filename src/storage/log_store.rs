@@ -135,14 +135,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        // Rides on the next fsync: a committed id that is lost in a crash only means openraft
-        // re-learns it, while one that survives lets a restart re-apply everything acknowledged.
+        // Rides on the next request of any group, without a writer round of its own: a committed id
+        // that is lost in a crash only means openraft re-learns it, while one that survives lets a
+        // restart re-apply everything acknowledged.
         let item = match committed {
             Some(c) => Store::put_meta(self.shard, MetaKey::Committed, &c)?,
             None => Item::Del(Space::Meta, super::store::meta_key(self.shard, MetaKey::Committed)),
         };
         // Nor does it wait to be visible: only `read_committed` reads it, after a barrier.
-        self.store.writer.queue(vec![item]);
+        self.store.writer.queue_unhurried(vec![item]);
         Ok(())
     }
 
