@@ -162,13 +162,19 @@ async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationTok
     w.shutdown().await;
     if linger {
         // Closing with unread bytes would reset the connection, and a reset can destroy the refusal
-        // before the client reads it. So read (and drop, never buffer) what it still sends, briefly.
-        let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut r, &mut tokio::io::sink())).await;
+        // before the client reads it. So read (and drop, never buffer) what it still sends, briefly and
+        // only so much: a stranger must not be able to push more than a socket buffer's worth past it.
+        let mut rest = (&mut r).take(LINGER_BYTES);
+        let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut rest, &mut tokio::io::sink())).await;
     }
 }
 
 /// How long a refused connection's further bytes are read and dropped before it is closed.
 const LINGER: Duration = Duration::from_secs(1);
+
+/// The most bytes a refused connection may still send while it lingers: enough for what was already in
+/// flight when the refusal left (a few socket buffers), so the refusal is not lost to a reset.
+const LINGER_BYTES: u64 = 1 << 20;
 
 /// The longest request path a head may carry (the endpoints' paths are far shorter).
 const MAX_PATH: usize = 1024;
