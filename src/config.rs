@@ -82,6 +82,12 @@ pub struct ServeArgs {
     /// shares the next call. 0: every AppendEntries is a call of its own [default: 2]
     #[arg(long)]
     pub raft_append_calls_per_peer: Option<usize>,
+    /// Milliseconds the event broker's feed waits after handing rumqttd a batch of change events, so
+    /// that under load the next batch carries several (one wake-up of the broker's threads and one
+    /// TLS write per subscriber for all of them). Delays event delivery by at most this much, never
+    /// an acknowledgement. 0: every event leaves as soon as it is published [default: 1]
+    #[arg(long)]
+    pub events_batch_ms: Option<u64>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
     /// read in the process list)
     #[arg(long)]
@@ -170,6 +176,7 @@ pub struct FileConfig {
     pub follower_reads: Option<bool>,
     pub worker_threads: Option<usize>,
     pub raft_append_calls_per_peer: Option<usize>,
+    pub events_batch_ms: Option<u64>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
     pub cluster_ca: Option<PathBuf>,
@@ -207,6 +214,9 @@ pub struct ClusterConfig {
 /// The largest shard count a cluster can be created with.
 pub const MAX_SHARD_COUNT: u32 = 4096;
 
+/// `--events-batch-ms` unless set: measured both ways in benches/README.md.
+pub const DEFAULT_EVENTS_BATCH_MS: u64 = 1;
+
 /// The resolved configuration of a node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -233,6 +243,8 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Calls per peer carrying AppendEntries at once (0: one call per AppendEntries, no sharing).
     pub raft_append_calls_per_peer: usize,
+    /// How long the event broker's feed lets change events gather after each batch it hands on.
+    pub events_batch: std::time::Duration,
     /// Connection bounds and timeouts of every listener.
     pub net: crate::net::NetLimits,
     /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
@@ -513,6 +525,21 @@ impl Config {
             file.raft_append_calls_per_peer,
         )?
         .unwrap_or(2);
+        let events_batch_ms = match args.events_batch_ms {
+            Some(n) => n,
+            None => env("TWINHUB_EVENTS_BATCH_MS")
+                .map(|v| parse_u("TWINHUB_EVENTS_BATCH_MS", v))
+                .transpose()?
+                .or(file.events_batch_ms)
+                .unwrap_or(DEFAULT_EVENTS_BATCH_MS),
+        };
+        if events_batch_ms > 100 {
+            return Err(ConfigError::Invalid {
+                option: "events-batch-ms",
+                value: events_batch_ms.to_string(),
+                expected: "milliseconds (0..=100)",
+            });
+        }
         Ok(Config {
             node_id,
             cluster,
@@ -520,6 +547,7 @@ impl Config {
             follower_reads,
             worker_threads,
             raft_append_calls_per_peer,
+            events_batch: std::time::Duration::from_millis(events_batch_ms),
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
@@ -678,6 +706,26 @@ mod tests {
         assert_eq!(c.worker_threads, Some(2));
         let e = Config::resolve(ServeArgs { worker_threads: Some(0), ..Default::default() }, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("worker-threads"), "{e}");
+    }
+
+    /// The event broker's batching wait: the default unless the flag, the variable or the file says
+    /// otherwise; 0 turns it off; more than 100 ms is refused by name.
+    #[test]
+    fn events_batch_comes_from_flag_variable_or_file_and_is_bounded() {
+        let ms = |c: Config| c.events_batch.as_millis() as u64;
+        assert_eq!(ms(Config::resolve(ServeArgs::default(), env_of(&[])).unwrap()), DEFAULT_EVENTS_BATCH_MS);
+        let var = [("TWINHUB_EVENTS_BATCH_MS", "0")];
+        assert_eq!(ms(Config::resolve(ServeArgs::default(), env_of(&var)).unwrap()), 0);
+        let args = ServeArgs { events_batch_ms: Some(5), ..Default::default() };
+        assert_eq!(ms(Config::resolve(args, env_of(&var)).unwrap()), 5);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "events_batch_ms = 3\n").unwrap();
+        let c = Config::resolve(ServeArgs { config: Some(file), ..Default::default() }, env_of(&[])).unwrap();
+        assert_eq!(ms(c), 3);
+        let args = ServeArgs { events_batch_ms: Some(101), ..Default::default() };
+        let e = Config::resolve(args, env_of(&[])).unwrap_err();
+        assert!(e.to_string().contains("events-batch-ms"), "{e}");
     }
 
     /// Append calls per peer: 2 unless the flag, the variable or the file says otherwise; 0 (one call

@@ -225,6 +225,7 @@ impl Node {
             config.hostname.clone(),
             gates.events.clone(),
             gates.limits.handshake_timeout,
+            config.events_batch,
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {

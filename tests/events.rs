@@ -616,6 +616,42 @@ async fn broker_delivers_twin_changes_to_authorised_subscribers() {
     assert_eq!(topic, "twin-changes/other");
 }
 
+/// A bulk call publishes its events all at once, so the broker hands them to its subscribers in
+/// batches: each arrives once, on its own topic, in feed order, none lost between batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_events_reaches_a_subscriber_whole_and_in_order() {
+    const DEVICES: usize = 300;
+    let srv = Server::start_default();
+    let mut o = broker_options(&srv, "burst");
+    o.set_credentials("iothubowner", owner_token(&srv));
+    let (sub, mut el) = broker_connect(o).await.expect("owner connects");
+    subscribe(&sub, &mut el, "twin-changes/#").await;
+    // Three bulk calls of 100 (the most one takes) at once.
+    let api = srv.owner();
+    let calls = (0..DEVICES / 100).map(|c| {
+        let entries: Vec<Value> =
+            (c * 100..(c + 1) * 100).map(|i| json!({"id": format!("burst-{i:03}"), "importMode": "create"})).collect();
+        let api = &api;
+        async move { api.send("POST", "/devices", Some(&Value::Array(entries)), &[]).await }
+    });
+    for r in futures::future::join_all(calls).await {
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut last_seq = 0;
+    while seen.len() < DEVICES {
+        let (topic, v) = next_publish(&mut el, WAIT).await.unwrap_or_else(|| panic!("only {} events", seen.len()));
+        assert_eq!(v["properties"]["opType"], "createDeviceIdentity", "{v}");
+        let device = v["properties"]["deviceId"].as_str().expect("deviceId").to_string();
+        assert_eq!(topic, format!("twin-changes/{device}"));
+        let seq: u64 = v["position"].as_str().and_then(|p| p.rsplit_once('-')).expect("position").1.parse().unwrap();
+        assert!(seq > last_seq, "position {seq} after {last_seq}");
+        last_seq = seq;
+        assert!(seen.insert(device.clone()), "{device} twice");
+    }
+    assert!(next_publish(&mut el, Duration::from_millis(500)).await.is_none(), "nothing more than the burst");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_ends_cannot_forge_events() {
     let srv = Server::start_default();

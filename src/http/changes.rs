@@ -31,7 +31,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 fn sse_event(item: FeedItem) -> Event {
     match item {
         FeedItem::Event(e) => {
-            let data = serde_json::to_string(&e.to_json()).unwrap_or_else(|_| "{}".into());
+            // JSON text is UTF-8.
+            let data = String::from_utf8(e.to_json_bytes(false)).unwrap_or_else(|_| "{}".into());
             Event::default().id(&e.position).event(e.source.as_str()).data(data)
         }
         FeedItem::Resync { position, reason } => {
@@ -91,12 +92,12 @@ mod tests {
             source: Source::TwinChangeEvents,
             device_id: "d".into(),
             module_id: None,
-            properties: vec![("deviceId".into(), "d".into()), ("opType".into(), "updateTwin".into())],
+            properties: vec![("deviceId", "d".into()), ("opType", "updateTwin".into())],
             body: json!({"version": 3, "tags": {"t": "line\nbreak"}}),
             merged: 2,
         };
         let resync = FeedItem::Resync { position: "abc-9".into(), reason: "gone".into() };
-        let text = wire(vec![FeedItem::Event(e), resync]).await;
+        let text = wire(vec![FeedItem::Event(std::sync::Arc::new(e)), resync]).await;
         let messages: Vec<&str> = text.split("\n\n").filter(|m| !m.is_empty()).collect();
         assert_eq!(messages.len(), 2, "{text:?}");
         let lines: Vec<&str> = messages[0].lines().collect();

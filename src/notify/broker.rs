@@ -54,10 +54,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use rumqttd::local::{LinkBuilder, LinkTx};
 use rumqttd::protocol::v4::V4;
+use rumqttd::protocol::{Packet, Publish};
 use rumqttd::{ConnectionSettings, LinkType, RouterConfig, Server, ServerSettings};
-use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
@@ -80,26 +81,39 @@ pub enum BrokerError {
 const INTERNAL_SLACK: usize = 16;
 /// Largest event the broker carries (a replaced twin with full tags, desired and reported, metadata).
 const MAX_EVENT: usize = 1024 * 1024;
+/// Feed items the broker's feed thread takes and hands to rumqttd at once, at most.
+const FEED_BATCH: usize = 64;
 /// Where a resync of the broker's own feed consumer is announced (outside `twin-changes/#` on purpose:
 /// `$resync` would be a legal device id).
 pub const RESYNC_TOPIC: &str = "twin-changes-resync";
 
 /// The topic of an event: `twin-changes/{deviceId}[/{moduleId}]`, ids escaped.
 pub fn topic_of(e: &ChangeEvent) -> String {
-    let esc = |s: &str| s.replace('%', "%25").replace('+', "%2B").replace('#', "%23");
-    match &e.module_id {
-        Some(m) => format!("twin-changes/{}/{}", esc(&e.device_id), esc(m)),
-        None => format!("twin-changes/{}", esc(&e.device_id)),
+    let mut topic = String::with_capacity(14 + e.device_id.len() + e.module_id.as_ref().map_or(0, |m| m.len() + 1));
+    topic.push_str("twin-changes/");
+    escape_into(&mut topic, &e.device_id);
+    if let Some(m) = &e.module_id {
+        topic.push('/');
+        escape_into(&mut topic, m);
+    }
+    topic
+}
+
+/// `%` → `%25`, `+` → `%2B`, `#` → `%23`: legal in ids, wildcards (and the escape) in MQTT topics.
+fn escape_into(topic: &mut String, id: &str) {
+    for c in id.chars() {
+        match c {
+            '%' => topic.push_str("%25"),
+            '+' => topic.push_str("%2B"),
+            '#' => topic.push_str("%23"),
+            c => topic.push(c),
+        }
     }
 }
 
 /// `{"properties", "body", "merged", "position"}`.
 pub fn payload_of(e: &ChangeEvent) -> Vec<u8> {
-    let mut v = e.to_json();
-    if let Value::Object(m) = &mut v {
-        m.insert("position".into(), Value::String(e.position.clone()));
-    }
-    serde_json::to_vec(&v).unwrap_or_default()
+    e.to_json_bytes(true)
 }
 
 /// A free loopback port for rumqttd (bound and released: rumqttd binds it again itself).
@@ -180,7 +194,18 @@ fn start_rumqttd(mut server: Server<V4>, stop: oneshot::Receiver<()>) -> Result<
 
 /// Publishes the change feed through a local link, on its own thread: rumqttd's link calls block on
 /// the router's channel, which must not stall a tokio worker.
-fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>, gate: Arc<ConnGate>) -> Result<(), BrokerError> {
+///
+/// After a batch that did not fill [`FEED_BATCH`], the thread waits `batch` before it takes the next:
+/// under load the events of that moment then leave together, and rumqttd's router, its connection
+/// task and the gate's TLS relay each wake once for them instead of once per event. Publishers do
+/// not wait (their wake-ups meanwhile cost nothing: nobody is parked), and a quiet feed is not
+/// delayed beyond that one wait: the thread sleeps only after it has just published.
+fn start_feed(
+    hub: Arc<Hub>,
+    link: LinkBuilder<'static>,
+    gate: Arc<ConnGate>,
+    batch: Duration,
+) -> Result<(), BrokerError> {
     // A subscription lives on a client connection, and the gate counts a connection from before its
     // CONNECT: with none open, no one can receive what would be published.
     let mut feed = hub.changes_while(Arc::new(move || gate.open() > 0));
@@ -196,10 +221,15 @@ fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>, gate: Arc<ConnGate>) ->
                 Err(e) => return tracing::error!("event broker feed runtime: {e}"),
             };
             rt.block_on(async move {
-                while let Some(item) = feed.next().await {
-                    if let Err(e) = publish(&mut tx, item) {
+                let mut items = Vec::with_capacity(FEED_BATCH);
+                while feed.next_batch(&mut items, FEED_BATCH).await {
+                    let full = items.len() >= FEED_BATCH;
+                    if let Err(e) = publish(&mut tx, &mut items) {
                         tracing::error!("event broker feed stopped: {e}");
                         return;
+                    }
+                    if !full && !batch.is_zero() {
+                        tokio::time::sleep(batch).await;
                     }
                 }
             });
@@ -208,19 +238,32 @@ fn start_feed(hub: Arc<Hub>, link: LinkBuilder<'static>, gate: Arc<ConnGate>) ->
         .map_err(|e| BrokerError::Start(format!("broker feed thread: {e}")))
 }
 
-fn publish(tx: &mut LinkTx, item: FeedItem) -> Result<(), Box<rumqttd::local::LinkError>> {
+/// Publishes `items` (and empties it). All but the last go straight into the link's buffer; publishing
+/// the last wakes rumqttd's router once for all of them, which then routes the whole buffer in one
+/// pass instead of one channel message and one wake-up per event.
+fn publish(tx: &mut LinkTx, items: &mut Vec<FeedItem>) -> Result<(), Box<rumqttd::local::LinkError>> {
+    let events = items.iter().filter(|i| matches!(i, FeedItem::Event(_))).count() as u64;
+    // Rendered before the link's buffer is locked: the router thread takes that lock to drain it.
+    let mut messages: Vec<Publish> = items.drain(..).map(message_of).collect();
+    let Some(last) = messages.pop() else { return Ok(()) };
+    if !messages.is_empty() {
+        tx.buffer().extend(messages.into_iter().map(|m| Packet::Publish(m, None)));
+    }
+    tx.publish(last.topic, last.payload)?;
+    metrics::counter!("twinhub_notify_broker_published_total").increment(events);
+    Ok(())
+}
+
+/// The broker message for one feed item: the event on its twin's topic, or a resync notice.
+fn message_of(item: FeedItem) -> Publish {
     match item {
-        FeedItem::Event(e) => {
-            tx.publish(topic_of(&e), payload_of(&e))?;
-            metrics::counter!("twinhub_notify_broker_published_total").increment(1);
-        }
+        FeedItem::Event(e) => Publish::new(Bytes::from(topic_of(&e)), Bytes::from(payload_of(&e)), false),
         FeedItem::Resync { position, reason } => {
             tracing::warn!(%position, %reason, "event broker feed fell behind; subscribers must resync");
             let msg = serde_json::json!({"resync": {"position": position, "reason": reason}});
-            tx.publish(RESYNC_TOPIC, serde_json::to_vec(&msg).unwrap_or_default())?;
+            Publish::new(Bytes::from_static(RESYNC_TOPIC.as_bytes()), Bytes::from(msg.to_string()), false)
         }
     }
-    Ok(())
 }
 
 /// Serves the event broker on `listener` (TLS with `tls`) until `stop`. `gate` bounds the connections it
@@ -234,6 +277,7 @@ pub async fn serve(
     host: String,
     gate: Arc<ConnGate>,
     handshake_timeout: Duration,
+    batch: Duration,
     stop: CancellationToken,
 ) -> Result<(), BrokerError> {
     // Closing the hub on stop ends every feed consumer (SSE streams included) so that the HTTP drain
@@ -252,7 +296,7 @@ pub async fn serve(
     let (server, link) = build_rumqttd(router_config, server);
     let (stop_server, server_stopped) = oneshot::channel();
     start_rumqttd(server, server_stopped)?;
-    start_feed(hub.clone(), link, gate.clone())?;
+    start_feed(hub.clone(), link, gate.clone(), batch)?;
     tracing::info!(public = ?listener.local_addr().ok(), %internal, "event broker ready");
 
     let relay = Arc::new(Gate {
@@ -321,7 +365,7 @@ mod tests {
         assert_eq!(topic_of(&e), "twin-changes/a%2Bb%23c%25d");
         e.module_id = Some("m".into());
         assert_eq!(topic_of(&e), "twin-changes/a%2Bb%23c%25d/m");
-        let p: Value = serde_json::from_slice(&payload_of(&e)).unwrap();
+        let p: serde_json::Value = serde_json::from_slice(&payload_of(&e)).unwrap();
         assert_eq!(p["position"], "ep-5");
         assert_eq!(p["body"]["version"], 2);
         assert_eq!(p["properties"]["iothub-message-source"], "twinChangeEvents");

@@ -1,8 +1,12 @@
 //! From model events to change events as IoT Hub's back-end streams carry them (docs/iothub-protocol.md §3.5): the
 //! application properties, the body, and the JSON form that SSE and the broker send.
 
-use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{json, Value};
+
+use super::queue::Change;
 use super::{ChangeEvent, Source};
 use crate::ids::TwinId;
 use crate::model::time::format_ms;
@@ -48,7 +52,7 @@ impl ChangeEvent {
 
     /// An application property by name.
     pub fn property(&self, name: &str) -> Option<&str> {
-        self.properties.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.properties.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
 
     /// The twin `version` a twin change reflects (`None` for other events).
@@ -60,12 +64,42 @@ impl ChangeEvent {
     }
 
     /// `{"properties": {...application properties..., "iothub-message-source"}, "body", "merged"}`:
-    /// what SSE sends as `data` and the broker as its payload (plus `position` there).
-    pub fn to_json(&self) -> Value {
-        let mut props: Map<String, Value> =
-            self.properties.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
-        props.insert("iothub-message-source".into(), Value::String(self.source.as_str().into()));
-        json!({"properties": props, "body": self.body, "merged": self.merged})
+    /// what SSE sends as `data`; the broker's payload adds `"position"` at the end
+    /// (`with_position`). Written straight from the event: every consumer of every event renders it,
+    /// so no intermediate JSON value (a copy of the body and of each property) is built.
+    pub fn to_json_bytes(&self, with_position: bool) -> Vec<u8> {
+        let wire = Wire {
+            properties: Properties(self),
+            body: &self.body,
+            merged: self.merged,
+            position: with_position.then_some(self.position.as_str()),
+        };
+        // Strings, numbers and a `Value` with string keys: serialising them into memory cannot fail.
+        serde_json::to_vec(&wire).unwrap_or_else(|_| b"{}".to_vec())
+    }
+}
+
+/// The JSON form of a change event, borrowed from it.
+#[derive(serde::Serialize)]
+struct Wire<'a> {
+    properties: Properties<'a>,
+    body: &'a Value,
+    merged: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    position: Option<&'a str>,
+}
+
+/// The application properties and `iothub-message-source`, as one JSON object.
+struct Properties<'a>(&'a ChangeEvent);
+
+impl Serialize for Properties<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.properties.len() + 1))?;
+        for (k, v) in &self.0.properties {
+            m.serialize_entry(k, v)?;
+        }
+        m.serialize_entry("iothub-message-source", self.0.source.as_str())?;
+        m.end()
     }
 }
 
@@ -76,6 +110,19 @@ pub struct Unplaced {
     pub kind: Kind,
     /// JSON size of the body plus a little for the properties.
     pub size: usize,
+}
+
+impl Unplaced {
+    /// The change at feed sequence `seq` (`position` is its text form): a connection event's body is
+    /// that sequence.
+    pub fn place(self, seq: u64, position: String) -> Change {
+        let mut event = self.event;
+        event.position = position;
+        if self.kind == Kind::Connection {
+            event.body = connection_body(seq);
+        }
+        Change { seq, twin: event.twin_id(), kind: self.kind, size: self.size, event: Arc::new(event) }
+    }
 }
 
 /// Counts bytes instead of keeping them.
@@ -116,14 +163,15 @@ pub fn change_of(event: Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> 
         }
         Event::DesiredPatch { .. } => return None,
     };
-    let mut properties =
-        vec![("hubName".to_string(), hub_name.to_string()), ("deviceId".to_string(), id.device_id.clone())];
+    let mut properties = Vec::with_capacity(6);
+    properties.push(("hubName", hub_name.to_string()));
+    properties.push(("deviceId", id.device_id.clone()));
     if let Some(m) = &id.module_id {
-        properties.push(("moduleId".to_string(), m.clone()));
+        properties.push(("moduleId", m.clone()));
     }
-    properties.push(("operationTimestamp".to_string(), format_ms(now_ms)));
-    properties.push(("iothub-message-schema".to_string(), source.schema().to_string()));
-    properties.push(("opType".to_string(), op_type));
+    properties.push(("operationTimestamp", format_ms(now_ms)));
+    properties.push(("iothub-message-schema", source.schema().to_string()));
+    properties.push(("opType", op_type));
     let size = json_size(&body) + 256;
     Some(Unplaced {
         size,
@@ -163,19 +211,25 @@ mod tests {
         assert_eq!(
             u.event.properties,
             vec![
-                ("hubName".to_string(), "hub".to_string()),
-                ("deviceId".into(), "d1".into()),
-                ("moduleId".into(), "m1".into()),
-                ("operationTimestamp".into(), "2023-11-14T22:13:20.123Z".into()),
-                ("iothub-message-schema".into(), "twinChangeNotification".into()),
-                ("opType".into(), "updateTwin".into()),
+                ("hubName", "hub".to_string()),
+                ("deviceId", "d1".into()),
+                ("moduleId", "m1".into()),
+                ("operationTimestamp", "2023-11-14T22:13:20.123Z".into()),
+                ("iothub-message-schema", "twinChangeNotification".into()),
+                ("opType", "updateTwin".into()),
             ]
         );
         assert_eq!(u.event.version(), Some(3));
-        let j = u.event.to_json();
+        let j: Value = serde_json::from_slice(&u.event.to_json_bytes(false)).unwrap();
         assert_eq!(j["properties"]["iothub-message-source"], "twinChangeEvents");
+        assert_eq!(j["properties"]["operationTimestamp"], "2023-11-14T22:13:20.123Z");
         assert_eq!(j["body"]["tags"]["a"], 1);
         assert_eq!(j["merged"], 1);
+        assert!(j.get("position").is_none(), "SSE sends the position as the message id, not in data");
+        // Keys in the order IoT Hub's JSON form has them; the broker adds the position last.
+        let text = String::from_utf8(u.event.to_json_bytes(true)).unwrap();
+        assert!(text.starts_with(r#"{"properties":{"hubName":"hub","deviceId":"d1","moduleId":"m1","#), "{text}");
+        assert!(text.ends_with(r#""iothub-message-source":"twinChangeEvents"},"body":{"version":3,"tags":{"a":1}},"merged":1,"position":""}"#), "{text}");
 
         let c = change_of(Event::Connection { id: TwinId::device("d2"), connected: false }, "hub", 0).unwrap();
         assert_eq!(c.kind, Kind::Connection);

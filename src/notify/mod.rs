@@ -55,7 +55,6 @@ use crate::ids::{ShardId, TwinId};
 use crate::model::Event;
 use crate::shard::EventSink;
 
-use event::Kind;
 use queue::{Change, FeedQueue, Offered, PushQueue};
 
 /// Limits of the hub's queues.
@@ -240,7 +239,7 @@ pub struct ChangeEvent {
     pub device_id: String,
     pub module_id: Option<String>,
     /// Application properties: hubName, deviceId, moduleId, operationTimestamp, iothub-message-schema, opType.
-    pub properties: Vec<(String, String)>,
+    pub properties: Vec<(&'static str, String)>,
     pub body: Value,
     /// How many committed changes this event carries.
     pub merged: u32,
@@ -249,13 +248,12 @@ pub struct ChangeEvent {
 /// What a feed consumer receives next.
 #[derive(Clone, Debug, PartialEq)]
 pub enum FeedItem {
-    Event(ChangeEvent),
+    /// Shared with the feed's retained ring and every other consumer it reached: handing an event out
+    /// copies nothing.
+    Event(Arc<ChangeEvent>),
     /// The consumer's position is no longer retained (too old, or from an earlier run of this node), or
     /// it fell too far behind: re-read the twins it cares about, then carry on from here.
-    Resync {
-        position: String,
-        reason: String,
-    },
+    Resync { position: String, reason: String },
 }
 
 /// A consumer's view of the change feed; dropping it unregisters.
@@ -268,10 +266,23 @@ pub struct ChangeFeed {
 impl ChangeFeed {
     /// The next event or resync; `None` once the hub is closed. Cancel safe.
     pub async fn next(&mut self) -> Option<FeedItem> {
+        let mut one = Vec::with_capacity(1);
+        if self.next_batch(&mut one, 1).await {
+            one.pop()
+        } else {
+            None
+        }
+    }
+
+    /// Waits for the next event or resync, then moves it and up to `max - 1` more that are ready
+    /// into `out`, in order, under one lock: a consumer that forwards every event (the event broker)
+    /// takes what queued while it was busy in one go instead of one wake-up and one lock each.
+    /// `false` once the hub is closed. Cancel safe: nothing is taken unless it is returned.
+    pub async fn next_batch(&mut self, out: &mut Vec<FeedItem>, max: usize) -> bool {
         loop {
-            match self.hub.take_feed(self.id) {
-                Step::Item(item) => return Some(item),
-                Step::End => return None,
+            match self.hub.take_feed(self.id, out, max.max(1)) {
+                Step::Item(()) => return true,
+                Step::End => return false,
                 Step::Wait => self.notify.notified().await,
                 Step::Again => tokio::task::yield_now().await,
             }
@@ -455,6 +466,9 @@ impl Hub {
         let mut st = lock(&self.feed);
         let mut published = 0u64;
         let (mut merged, mut superseded, mut overflows) = (0u64, 0u64, 0u64);
+        // Changes that leave the ring are freed after the lock is released: the last reference to a
+        // twin's change body is often the ring's, and freeing it is not work for the critical section.
+        let mut evicted = Vec::new();
         // Asked once per batch: a reader that starts listening during it sees the next one.
         let deaf: Vec<u64> = st
             .consumers
@@ -465,18 +479,14 @@ impl Hub {
         for u in changes {
             st.seq += 1;
             let seq = st.seq;
-            let mut ev = u.event;
-            ev.position = self.position(seq);
-            if u.kind == Kind::Connection {
-                ev.body = event::connection_body(seq);
-            }
-            let change = Arc::new(Change { seq, twin: ev.twin_id(), kind: u.kind, size: u.size, event: ev });
+            let change = Arc::new(u.place(seq, self.position(seq)));
             if self.config.retained > 0 {
-                st.ring_bytes += u.size;
+                st.ring_bytes += change.size;
                 st.ring.push_back(change.clone());
                 while st.ring.len() > self.config.retained || st.ring_bytes > self.config.retained_bytes {
                     let Some(old) = st.ring.pop_front() else { break };
                     st.ring_bytes = st.ring_bytes.saturating_sub(old.size);
+                    evicted.push(old);
                 }
             }
             published += 1;
@@ -501,6 +511,7 @@ impl Hub {
             }
         }
         drop(st);
+        drop(evicted);
         metrics::counter!("twinhub_notify_feed_events_total").increment(published);
         metrics::counter!("twinhub_notify_feed_merged_total").increment(merged);
         metrics::counter!("twinhub_notify_feed_superseded_total").increment(superseded);
@@ -634,12 +645,39 @@ impl Hub {
         metrics::gauge!("twinhub_notify_feed_consumers").set(n as f64);
     }
 
-    fn take_feed(&self, id: u64) -> Step<FeedItem> {
+    /// Moves up to `max` items for consumer `id` into `out` (`Item` once at least one is there).
+    fn take_feed(&self, id: u64, out: &mut Vec<FeedItem>, max: usize) -> Step<()> {
         if self.closed.load(Ordering::Acquire) {
             return Step::End;
         }
         let mut guard = lock(&self.feed);
-        let st = &mut *guard;
+        let (mut items, mut events) = (0, 0);
+        let step = loop {
+            match self.take_one(&mut guard, id) {
+                Step::Item(item) => {
+                    events += u64::from(matches!(item, FeedItem::Event(_)));
+                    out.push(item);
+                    items += 1;
+                    if items >= max {
+                        break Step::Item(());
+                    }
+                }
+                // What was taken so far is the answer; the next call waits or goes on.
+                _ if items > 0 => break Step::Item(()),
+                Step::Wait => break Step::Wait,
+                Step::Again => break Step::Again,
+                Step::End => break Step::End,
+            }
+        };
+        drop(guard);
+        if events > 0 {
+            metrics::counter!("twinhub_notify_feed_delivered_total").increment(events);
+        }
+        step
+    }
+
+    /// The next item for consumer `id`, under the feed lock.
+    fn take_one(&self, st: &mut FeedState, id: u64) -> Step<FeedItem> {
         let (seq, ring_first) = (st.seq, st.ring_first());
         let Some(c) = st.consumers.get_mut(&id) else { return Step::End };
         if let Some((position, reason)) = c.resync.take() {
@@ -661,7 +699,6 @@ impl Hub {
                 last = change.seq;
                 if c.filter.matches(&change.twin) {
                     c.mode = Mode::Replay { after: change.seq };
-                    metrics::counter!("twinhub_notify_feed_delivered_total").increment(1);
                     return Step::Item(FeedItem::Event(change.event.clone()));
                 }
             }
@@ -674,11 +711,7 @@ impl Hub {
             c.mode = Mode::Live;
         }
         match c.queue.take() {
-            Some(change) => {
-                drop(guard);
-                metrics::counter!("twinhub_notify_feed_delivered_total").increment(1);
-                Step::Item(FeedItem::Event(change.event.clone()))
-            }
+            Some(change) => Step::Item(FeedItem::Event(change.event.clone())),
             None => Step::Wait,
         }
     }

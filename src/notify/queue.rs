@@ -122,7 +122,8 @@ pub struct Change {
     pub kind: Kind,
     /// Approximate bytes this change holds (its body's JSON size), for the retained ring's bound.
     pub size: usize,
-    pub event: ChangeEvent,
+    /// Shared with the consumers it is handed to.
+    pub event: Arc<ChangeEvent>,
 }
 
 /// A feed consumer's pending changes, in position order. A merged change moves to the position of its
@@ -179,7 +180,7 @@ impl FeedQueue {
                     }
                 }
                 let mut replace = (*change).clone();
-                replace.event.merged = replace.event.merged.saturating_add(carried);
+                Arc::make_mut(&mut replace.event).merged = change.event.merged.saturating_add(carried);
                 self.changes.insert(replace.twin.clone(), vec![replace.seq]);
                 self.pending.insert(replace.seq, Arc::new(replace));
                 Offered::Superseded(dropped.len() as u32)
@@ -205,8 +206,9 @@ impl FeedQueue {
         let carried = last.event.merged;
         self.pending.remove(&last_seq);
         let mut merged = (**change).clone();
-        merged.event.body = body;
-        merged.event.merged = merged.event.merged.saturating_add(carried);
+        let event = Arc::make_mut(&mut merged.event);
+        event.body = body;
+        event.merged = event.merged.saturating_add(carried);
         if let Some(seqs) = self.changes.get_mut(&change.twin) {
             if let Some(l) = seqs.last_mut() {
                 *l = merged.seq;
@@ -307,7 +309,7 @@ mod tests {
             twin: TwinId::device(twin),
             kind,
             size: 0,
-            event: ChangeEvent {
+            event: Arc::new(ChangeEvent {
                 position: format!("e-{seq}"),
                 source,
                 device_id: twin.into(),
@@ -315,7 +317,7 @@ mod tests {
                 properties: vec![],
                 body,
                 merged: 1,
-            },
+            }),
         })
     }
 

@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 
 use super::coalesce::{apply_patch, merge_metadata, section_patch};
-use super::event::change_of;
+use super::event::{change_of, Kind};
 use super::queue::{Change, FeedQueue, Offered, PushQueue};
 use super::*;
 use crate::model::{Command, DeviceSpec, Op, RequestId, ShardState};
@@ -213,13 +213,7 @@ impl Consumer {
 }
 
 fn feed_change(seq: u64, e: &Event) -> Option<Arc<Change>> {
-    let u = change_of(e.clone(), "hub", 0)?;
-    let mut ev = u.event;
-    ev.position = format!("e-{seq}");
-    if u.kind == Kind::Connection {
-        ev.body = event::connection_body(seq);
-    }
-    Some(Arc::new(Change { seq, twin: ev.twin_id(), kind: u.kind, size: u.size, event: ev }))
+    Some(Arc::new(change_of(e.clone(), "hub", 0)?.place(seq, format!("e-{seq}"))))
 }
 
 /// One random run of the feed property; returns (events published, events delivered, resyncs).
@@ -399,7 +393,7 @@ async fn next_item(f: &mut ChangeFeed) -> Option<FeedItem> {
     tokio::time::timeout(Duration::from_secs(5), f.next()).await.expect("feed item within 5 s")
 }
 
-async fn next_event(f: &mut ChangeFeed) -> ChangeEvent {
+async fn next_event(f: &mut ChangeFeed) -> Arc<ChangeEvent> {
     match next_item(f).await {
         Some(FeedItem::Event(e)) => e,
         other => panic!("expected an event, got {other:?}"),
@@ -550,6 +544,48 @@ async fn busy_consumer_gets_one_merged_change_at_the_newest_position() {
     assert_eq!(e.body["tags"].as_object().unwrap().len(), 9);
     assert!(e.position.ends_with("-9"));
     assert_idle(f.next()).await;
+}
+
+#[tokio::test]
+async fn a_batch_takes_what_is_ready_in_order_up_to_its_bound_and_shares_the_events() {
+    let hub = hub();
+    let mut batched = hub.changes(None);
+    let mut single = hub.changes(None);
+    let twins: Vec<TwinId> = (0..5).map(|i| TwinId::device(format!("t{i}"))).collect();
+    for t in &twins {
+        hub.publish(0, vec![tags_change(t, 2, json!({"k": 1}))]);
+    }
+    let mut out = Vec::new();
+    assert!(tokio::time::timeout(Duration::from_secs(5), batched.next_batch(&mut out, 3)).await.unwrap());
+    let ids = |items: &[FeedItem]| -> Vec<String> {
+        items
+            .iter()
+            .map(|i| match i {
+                FeedItem::Event(e) => e.device_id.clone(),
+                other => panic!("expected an event, got {other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(ids(&out), ["t0", "t1", "t2"], "the oldest three, in feed order");
+    let first_batch = std::mem::take(&mut out);
+    assert!(batched.next_batch(&mut out, 64).await);
+    assert_eq!(ids(&out), ["t3", "t4"], "then what is left, without waiting for more");
+    // A consumer that takes one at a time gets the same events: shared, not copied.
+    let FeedItem::Event(batched_first) = &first_batch[0] else { panic!("{first_batch:?}") };
+    assert!(Arc::ptr_eq(batched_first, &next_event(&mut single).await));
+    for t in &twins[1..] {
+        assert_eq!(next_event(&mut single).await.device_id, t.device_id);
+    }
+    // Nothing is pending, so a batch waits; one that is dropped while waiting takes nothing.
+    out.clear();
+    assert_idle(batched.next_batch(&mut out, 8)).await;
+    assert!(out.is_empty());
+    hub.publish(0, vec![tags_change(&twins[0], 3, json!({"k": 2}))]);
+    assert!(batched.next_batch(&mut out, 8).await);
+    assert_eq!(ids(&out), ["t0"]);
+    hub.close();
+    out.clear();
+    assert!(!batched.next_batch(&mut out, 8).await, "a closed hub ends the feed");
 }
 
 #[tokio::test]
