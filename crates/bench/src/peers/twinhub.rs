@@ -30,6 +30,19 @@ pub fn node_worker_threads() -> Option<usize> {
     std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0)
 }
 
+/// `--node-option KEY=VALUE` for each comma-separated `KEY=VALUE` of `$TWINHUB_BENCH_NODE_OPTIONS`
+/// (keys as in a node's config file, e.g. `events_batch_ms=0`): how a bench measures a node option
+/// both ways without a flag of its own.
+pub fn node_options() -> Vec<String> {
+    std::env::var("TWINHUB_BENCH_NODE_OPTIONS")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .flat_map(|o| ["--node-option".to_string(), o.to_string()])
+        .collect()
+}
+
 pub struct TwinhubCluster {
     pub bin: PathBuf,
     pub dir: TempDir,
@@ -40,8 +53,8 @@ pub struct TwinhubCluster {
 }
 
 impl TwinhubCluster {
-    /// `twinhub cluster up --nodes N --dir DIR --shard-count S [--worker-threads T]`
-    /// ([`node_worker_threads`]).
+    /// `twinhub cluster up --nodes N --dir DIR --shard-count S [--worker-threads T] [--node-option K=V …]`
+    /// ([`node_worker_threads`], [`node_options`]).
     pub fn up(bin: &Path, nodes: usize, shards: u32) -> anyhow::Result<TwinhubCluster> {
         TwinhubCluster::up_with(bin, nodes, shards, &[])
     }
@@ -52,6 +65,7 @@ impl TwinhubCluster {
         let version = procs::first_line(bin, &["--version"]);
         let mut threads_args: Vec<String> =
             node_worker_threads().map(|t| vec!["--worker-threads".to_string(), t.to_string()]).unwrap_or_default();
+        threads_args.extend(node_options());
         threads_args.extend(extra.iter().cloned());
         eprintln!(
             "starting twinhub ({version}): {} cluster up --nodes {nodes} --shard-count {shards} {}--dir {}",
