@@ -281,6 +281,13 @@ impl Config {
         let parse_u = |option: &'static str, v: String| -> Result<u64, ConfigError> {
             v.trim().parse().map_err(|_| ConfigError::Invalid { option, value: v, expected: "number" })
         };
+        // A number from the flag, else the environment variable, else the file.
+        let number = |flag: Option<u64>, var: &'static str, f: Option<u64>| -> Result<Option<u64>, ConfigError> {
+            match flag {
+                Some(n) => Ok(Some(n)),
+                None => Ok(env(var).map(|v| parse_u(var, v)).transpose()?.or(f)),
+            }
+        };
         let shard_count = match args.shard_count {
             Some(n) => Some(n),
             None => env("TWINHUB_SHARD_COUNT")
@@ -295,14 +302,8 @@ impl Config {
                 expected: "shard count (1..=4096)",
             });
         }
-        let snapshot_every = match args.snapshot_every {
-            Some(n) => n,
-            None => env("TWINHUB_SNAPSHOT_EVERY")
-                .map(|v| parse_u("TWINHUB_SNAPSHOT_EVERY", v))
-                .transpose()?
-                .or(file.snapshot_every)
-                .unwrap_or(10_000),
-        };
+        let snapshot_every =
+            number(args.snapshot_every, "TWINHUB_SNAPSHOT_EVERY", file.snapshot_every)?.unwrap_or(10_000);
         let http = args
             .http_listen
             .or_else(|| env("TWINHUB_HTTP_LISTEN"))
@@ -405,14 +406,8 @@ impl Config {
                 Some(ClusterConfig { listen, advertise, secret, peers, join, tls })
             }
         };
-        let raft_heartbeat_ms = match args.raft_heartbeat_ms {
-            Some(n) => n,
-            None => env("TWINHUB_RAFT_HEARTBEAT_MS")
-                .map(|v| parse_u("TWINHUB_RAFT_HEARTBEAT_MS", v))
-                .transpose()?
-                .or(file.raft_heartbeat_ms)
-                .unwrap_or(100),
-        };
+        let raft_heartbeat_ms =
+            number(args.raft_heartbeat_ms, "TWINHUB_RAFT_HEARTBEAT_MS", file.raft_heartbeat_ms)?.unwrap_or(100);
         if !(10..=10_000).contains(&raft_heartbeat_ms) {
             return Err(ConfigError::Invalid {
                 option: "raft-heartbeat-ms",
@@ -429,10 +424,7 @@ impl Config {
             (None, None) => None,
         };
         let count = |flag: Option<usize>, var: &'static str, f: Option<usize>| -> Result<Option<usize>, ConfigError> {
-            match flag {
-                Some(n) => Ok(Some(n)),
-                None => Ok(env(var).map(|v| parse_u(var, v)).transpose()?.map(|n| n as usize).or(f)),
-            }
+            Ok(number(flag.map(|n| n as u64), var, f.map(|n| n as u64))?.map(|n| n as usize))
         };
         let caps = crate::net::fds::CapOverrides {
             https: count(args.max_connections_https, "TWINHUB_MAX_CONNECTIONS_HTTPS", file.max_connections_https)?,
@@ -525,14 +517,8 @@ impl Config {
             file.raft_append_calls_per_peer,
         )?
         .unwrap_or(2);
-        let events_batch_ms = match args.events_batch_ms {
-            Some(n) => n,
-            None => env("TWINHUB_EVENTS_BATCH_MS")
-                .map(|v| parse_u("TWINHUB_EVENTS_BATCH_MS", v))
-                .transpose()?
-                .or(file.events_batch_ms)
-                .unwrap_or(DEFAULT_EVENTS_BATCH_MS),
-        };
+        let events_batch_ms = number(args.events_batch_ms, "TWINHUB_EVENTS_BATCH_MS", file.events_batch_ms)?
+            .unwrap_or(DEFAULT_EVENTS_BATCH_MS);
         if events_batch_ms > 100 {
             return Err(ConfigError::Invalid {
                 option: "events-batch-ms",
