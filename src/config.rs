@@ -215,7 +215,7 @@ pub struct ClusterConfig {
 pub const MAX_SHARD_COUNT: u32 = 4096;
 
 /// `--events-batch-ms` unless set: measured both ways in benches/README.md.
-pub const DEFAULT_EVENTS_BATCH_MS: u64 = 1;
+pub const DEFAULT_EVENTS_BATCH_MS: u64 = 10;
 
 /// The resolved configuration of a node.
 #[derive(Debug, Clone, PartialEq)]
