@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Shares of a profile's samples by layer, and in µs of server CPU per update.
-   python3 categories.py FOLDED [CPU_US_PER_UPDATE]
-FOLDED: perf script | python3 ../write-path-2026-12-01-events/fold.py (thread name as root frame).
+   python3 categories.py FOLDED[.gz] [CPU_US_PER_UPDATE]
+FOLDED: folded stacks with the thread name as the root frame, as scripts/flamegraph.sh keeps them
+(inferno-collapse-perf) or as ../write-path-2026-12-01-events/fold.py writes them.
 A stack counts once, in the first category whose pattern matches any of its frames, in this order."""
-import sys, re, collections
+import gzip, sys, re, collections
 CATS = [
     ('fsync', r'do_fsync|__x64_sys_fsync|fsync'),
     ('group-commit writer, other', r'group_commit::Writer'),
@@ -21,7 +22,7 @@ f = sys.argv[1]
 cpu = float(sys.argv[2]) if len(sys.argv) > 2 else None
 tot = 0
 acc = collections.Counter()
-for line in open(f):
+for line in (gzip.open(f, 'rt') if f.endswith('.gz') else open(f)):
     stack, n = line.rsplit(' ', 1)
     n = int(n)
     tot += n
