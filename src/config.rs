@@ -215,7 +215,7 @@ pub struct ClusterConfig {
 pub const MAX_SHARD_COUNT: u32 = 4096;
 
 /// `--events-batch-ms` unless set. Under load the broker's threads then wake once for the events of
-/// 10 ms rather than every one or two, which cost the compare's watch a third more CPU at 1 ms; a lone
+/// 10 ms rather than every one or two (at 1 ms the compare's watch cost node 1 a quarter more CPU); a lone
 /// event still leaves at once, since the wait follows a batch. Measured both ways in benches/README.md.
 pub const DEFAULT_EVENTS_BATCH_MS: u64 = 10;
 
