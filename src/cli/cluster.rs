@@ -35,6 +35,11 @@ pub enum ClusterCommand {
     Certs(CertsArgs),
 }
 
+/// Whether the node options turn inter-node TLS off (`cluster_plaintext = true`).
+fn plaintext_asked(options: &[(String, String)]) -> bool {
+    options.iter().any(|(k, v)| k == "cluster_plaintext" && v == "true")
+}
+
 #[derive(Args, Debug)]
 pub struct CertsArgs {
     /// Directory of the cluster CA (`cluster-ca.pem`, `cluster-ca.key`; made if absent) and of the
@@ -418,17 +423,20 @@ fn prepare_node(
             let join = join.map(|j| format!("join = \"{j}\"\n")).unwrap_or_default();
             let hb = file.raft_heartbeat_ms.map(|h| format!("raft_heartbeat_ms = {h}\n")).unwrap_or_default();
             // Inter-node mutual TLS: the cluster's own CA (made once, beside the front-door CA) and
-            // this node's certificate, naming it.
-            let tls_dir = dir.join("shared").join("tls");
-            let (ca, ca_key) = crate::tls::cluster::ensure_cluster_ca(&tls_dir)?;
-            let t = crate::tls::cluster::issue_node_cert(&ca, &ca_key, id, &node_dir)?;
+            // this node's certificate, naming it; none when the nodes were asked to talk in plaintext
+            // (`--node-option cluster_plaintext=true`, for measuring what the TLS costs), which a node
+            // refuses together with certificates.
+            let tls = if plaintext_asked(&file.node_options) {
+                String::new()
+            } else {
+                let tls_dir = dir.join("shared").join("tls");
+                let (ca, ca_key) = crate::tls::cluster::ensure_cluster_ca(&tls_dir)?;
+                let t = crate::tls::cluster::issue_node_cert(&ca, &ca_key, id, &node_dir)?;
+                format!("cluster_ca = {:?}\ncluster_cert = {:?}\ncluster_key = {:?}\n", t.ca, t.cert, t.key)
+            };
             format!(
-                "cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n{join}{hb}cluster_ca = {:?}\ncluster_cert = {:?}\ncluster_key = {:?}\n",
-                entry.cluster,
-                file.secret,
-                t.ca.display().to_string(),
-                t.cert.display().to_string(),
-                t.key.display().to_string()
+                "cluster_listen = \"{}\"\ncluster_secret = \"{}\"\npeers = \"{peers_text}\"\n{join}{hb}{tls}",
+                entry.cluster, file.secret
             )
         } else {
             String::new()
@@ -917,7 +925,15 @@ fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, js
 
 #[cfg(test)]
 mod node_option_tests {
-    use super::parse_node_option;
+    use super::{parse_node_option, plaintext_asked};
+
+    #[test]
+    fn plaintext_between_nodes_is_asked_by_its_node_option_only() {
+        let opt = |v: &str| vec![parse_node_option(&format!("cluster_plaintext={v}")).unwrap()];
+        assert!(plaintext_asked(&opt("true")));
+        assert!(!plaintext_asked(&opt("false")));
+        assert!(!plaintext_asked(&[]));
+    }
 
     #[test]
     fn node_options_are_one_toml_value_under_a_key_cluster_does_not_write() {
