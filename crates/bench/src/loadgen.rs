@@ -243,35 +243,15 @@ pub async fn open<W: Worker>(
         });
         Progress::spawn(rec.clone(), label.to_string(), Some(f))
     };
-    let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
-    let start = Instant::now();
-    let warm_end = start + ph.warmup;
-    let end = warm_end + ph.duration;
-    let mut next = start;
-    let mut scheduled = 0u64;
-    let mut reset_done = ph.warmup.is_zero();
-    if reset_done {
-        rec.reset();
-    }
-    loop {
-        let now = Instant::now();
-        if !reset_done && now >= warm_end {
-            rec.reset();
-            reset_done = true;
-            scheduled = 0;
-        }
-        if now >= end {
-            break;
-        }
-        while next <= now && next < end {
-            queued.fetch_add(1, Ordering::Relaxed);
-            let _ = tx.send(next);
-            scheduled += 1;
-            next += interval;
-        }
-        let wake = next.min(end).max(now + Duration::from_micros(200));
-        tokio::time::sleep_until(wake.into()).await;
-    }
+    let pacer = {
+        let (rec, queued, tx) = (rec.clone(), queued.clone(), tx.clone());
+        // On a thread of its own, sleeping with the OS's timer: tokio's timer ticks once a millisecond,
+        // so a release planned for 0.3 ms past a tick went out at the next one, and since latency runs
+        // from the planned time, up to a millisecond of the load generator's own lateness was counted
+        // as the target's.
+        tokio::task::spawn_blocking(move || pace(rate, ph, &rec, &queued, &tx))
+    };
+    let scheduled = pacer.await.unwrap_or(0);
     rec.freeze();
     drop(tx);
     // Drop what never started (it is reported as backlog), let in-flight operations finish.
@@ -291,4 +271,67 @@ pub async fn open<W: Worker>(
         }
     }
     (out, OpenLoopStats { target_rate: rate, scheduled, backlog_at_end: backlog })
+}
+
+/// Releases the open loop's operations at their planned times, `rate` a second over the warm-up and
+/// the measured phase (resetting `rec` between them), and returns how many it released in the
+/// measured phase. Each release carries its planned time, from which its latency is counted.
+fn pace(rate: f64, ph: Phases, rec: &Recorder, queued: &AtomicU64, tx: &mpsc::UnboundedSender<Instant>) -> u64 {
+    let interval = Duration::from_secs_f64(1.0 / rate.max(0.001));
+    let start = Instant::now();
+    let warm_end = start + ph.warmup;
+    let end = warm_end + ph.duration;
+    let mut next = start;
+    let mut scheduled = 0u64;
+    let mut reset_done = ph.warmup.is_zero();
+    if reset_done {
+        rec.reset();
+    }
+    loop {
+        let now = Instant::now();
+        if !reset_done && now >= warm_end {
+            rec.reset();
+            reset_done = true;
+            scheduled = 0;
+        }
+        if now >= end {
+            return scheduled;
+        }
+        while next <= now && next < end {
+            queued.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(next);
+            scheduled += 1;
+            next += interval;
+        }
+        let mut wake = next.min(end);
+        if !reset_done {
+            wake = wake.min(warm_end);
+        }
+        std::thread::sleep(wake.saturating_duration_since(Instant::now()).max(Duration::from_micros(20)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pacer releases every planned operation, `rate` a second, each stamped with its own planned
+    /// time (one interval after the previous), and counts only the measured phase's.
+    #[test]
+    fn pacer_releases_on_a_fixed_plan_and_counts_the_measured_phase() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (rec, queued) = (Recorder::new(), AtomicU64::new(0));
+        let ph = Phases { warmup: Duration::from_millis(100), duration: Duration::from_millis(200) };
+        let measured = pace(1000.0, ph, &rec, &queued, &tx);
+        let mut planned = Vec::new();
+        while let Ok(t) = rx.try_recv() {
+            planned.push(t);
+        }
+        assert_eq!(planned.len() as u64, queued.load(Ordering::Relaxed));
+        assert!((295..=300).contains(&planned.len()), "released {}", planned.len());
+        assert!((195..=200).contains(&measured), "counted {measured}");
+        for w in planned.windows(2) {
+            assert_eq!(w[1] - w[0], Duration::from_millis(1));
+        }
+    }
 }
