@@ -136,6 +136,22 @@ async fn snapshot_and_purge_then_reopen() {
         .await
         .expect("snapshot + purge");
     let seen = shard.raft.metrics().borrow_watched().purged.expect("purged");
+    // A purge deletes its entries in the background and a shutdown does not wait for that (entries
+    // left behind are garbage that the next purge deletes, from where the last one recorded it
+    // stopped). So wait until the purges have settled and their deletions are done before the disk
+    // is checked below.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut settled = None;
+    loop {
+        let purged = shard.raft.metrics().borrow_watched().purged.expect("purged");
+        let done = shards.store.entries(0, 0, purged.index + 1).expect("entries").is_empty();
+        if done && settled == Some(purged) {
+            break;
+        }
+        settled = done.then_some(purged);
+        assert!(std::time::Instant::now() < deadline, "purged entries not deleted within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     shards.shutdown().await;
     drop((shard, shards));
 
