@@ -35,11 +35,6 @@ pub enum ClusterCommand {
     Certs(CertsArgs),
 }
 
-/// Whether the node options turn inter-node TLS off (`cluster_plaintext = true`).
-fn plaintext_asked(options: &[(String, String)]) -> bool {
-    options.iter().any(|(k, v)| k == "cluster_plaintext" && v == "true")
-}
-
 #[derive(Args, Debug)]
 pub struct CertsArgs {
     /// Directory of the cluster CA (`cluster-ca.pem`, `cluster-ca.key`; made if absent) and of the
@@ -114,6 +109,11 @@ pub struct UpArgs {
 }
 
 /// A `key=value` node option: the key as the config file spells it, the value one TOML value.
+/// Whether the node options turn inter-node TLS off (`cluster_plaintext = true`).
+fn plaintext_asked(options: &[(String, String)]) -> bool {
+    options.iter().any(|(k, v)| k == "cluster_plaintext" && v == "true")
+}
+
 fn parse_node_option(s: &str) -> Result<(String, String), String> {
     let (k, v) = s.split_once('=').ok_or_else(|| format!("'{s}': expected KEY=VALUE"))?;
     let (k, v) = (k.trim(), v.trim());
