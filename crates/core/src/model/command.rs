@@ -259,6 +259,14 @@ pub enum Op {
     },
     /// A change of the hub's CA certificates: only ever proposed to the metadata group.
     Certificate(super::certificates::CertOp),
+    /// Several commands of one shard proposed together as one log entry (see
+    /// [`super::ShardState::apply`]): each applies in order exactly as it would in an entry of its
+    /// own, with its own request id, dedupe and outcome; the batch answers [`super::Reply::Batch`].
+    /// It exists so that Raft's per-entry work (the log entry, its storage key, its place in every
+    /// append, the apply call and its answer) is paid once for many writes under load.
+    Batch {
+        commands: Vec<Command>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -280,6 +288,7 @@ impl Command {
     pub fn weight(&self) -> u64 {
         match &self.op {
             Op::Bulk { entries } => entries.len().max(1) as u64,
+            Op::Batch { commands } => commands.iter().map(Command::weight).sum::<u64>().max(1),
             _ => 1,
         }
     }
@@ -302,6 +311,7 @@ impl Command {
             | Op::JobMethodClaim { device_id, .. }
             | Op::JobMethodResult { device_id, .. } => device_id,
             Op::Bulk { entries } => entries.first().map_or("", |e| e.id.device_id.as_str()),
+            Op::Batch { commands } => commands.first().map_or("", Command::device_id),
         }
     }
 }
@@ -330,6 +340,7 @@ impl fmt::Display for Command {
             Op::RestoreDevices { .. } => "RestoreDevices",
             Op::RestoreMeta { .. } => "RestoreMeta",
             Op::Certificate(_) => "Certificate",
+            Op::Batch { .. } => "Batch",
         };
         write!(f, "{kind}({}, req={:032x}, ts={})", self.device_id(), self.request_id.0, self.timestamp_ms)
     }

@@ -78,6 +78,8 @@ pub enum Reply {
     Configuration(Value),
     /// A CA certificate record after a `/certificates` command (`None`: deleted).
     Certificate(Option<Value>),
+    /// Each command's outcome of an [`Op::Batch`], in the batch's order.
+    Batch(Vec<Result<Reply, TwinError>>),
 }
 
 /// A change derived from committed state, for desired pushes and twin change events (`notify` consumes
@@ -185,6 +187,9 @@ impl ShardState {
     /// A command whose request id was recently applied for the same device answers the first outcome
     /// again and changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
+        if let Op::Batch { commands } = &cmd.op {
+            return self.apply_batch(commands);
+        }
         if let Some(first) = self.dedupe.get(&cmd.request_id) {
             let result = match (first, self.replies.get(&cmd.request_id)) {
                 (Remembered::Twin(_), Some(doc)) => Ok(Reply::Twin(doc)),
@@ -222,6 +227,8 @@ impl ShardState {
                 Op::Configuration(op) => Remembered::Configuration(op.id().to_string()),
                 _ => Remembered::Done,
             },
+            // Only `apply_batch` builds this reply, and it answers without coming here.
+            Ok(Reply::Batch(_)) => Remembered::Done,
             Ok(Reply::Twin(_)) => match &cmd.op {
                 Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
                 _ => Remembered::Done,
@@ -232,6 +239,25 @@ impl ShardState {
         }
         self.dedupe.remember(cmd.request_id, remembered);
         Applied { result, events }
+    }
+
+    /// Applies each command of a batch as if it had an entry of its own, in order; the events of all
+    /// of them go out together. The batch itself is not remembered for dedupe (its commands are),
+    /// and a batch inside a batch is refused, as no proposer builds one.
+    fn apply_batch(&mut self, commands: &[Command]) -> Applied {
+        let mut events = Vec::new();
+        let results = commands
+            .iter()
+            .map(|inner| {
+                if matches!(inner.op, Op::Batch { .. }) {
+                    return Err(TwinError::InvalidArgument("a batch of commands cannot hold another batch".into()));
+                }
+                let applied = self.apply(inner);
+                events.extend(applied.events);
+                applied.result
+            })
+            .collect();
+        Applied { result: Ok(Reply::Batch(results)), events }
     }
 
     /// The answer to a duplicate: stored errors and versions exactly; documents as they are now (twin

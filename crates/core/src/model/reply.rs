@@ -30,6 +30,7 @@ impl Reply {
             Reply::Claim { .. } => "claim",
             Reply::Configuration(_) => "configuration",
             Reply::Certificate(_) => "certificate",
+            Reply::Batch(_) => "batch",
         }
     }
 

@@ -515,6 +515,66 @@ fn listing_pages_in_id_order() {
     assert_eq!(ids(f.state.devices(Some("a"), 1)), ["b"]);
 }
 
+// ---------------------------------------------------------------- batches
+
+/// A batch applies each of its commands exactly as entries of their own would, in order: the same
+/// outcomes, the same state, the same events; each command is remembered for dedupe, the batch is not.
+#[test]
+fn a_batch_applies_like_its_commands_one_by_one() {
+    let mut one_by_one = Fixture::with_device("d1");
+    let mut batched = Fixture::with_device("d1");
+    let ops = || {
+        vec![
+            Op::UpdateReported { id: dev(), patch_json: json!({"a": 1}).to_string() },
+            Op::UpdateTwin {
+                id: dev(),
+                patch_json: json!({"properties": {"desired": {"x": 1}}}).to_string(),
+                if_match: None,
+            },
+            // Rejected: the etag is not the twin's; it changes nothing and the next command still applies.
+            Op::UpdateTwin {
+                id: dev(),
+                patch_json: json!({"tags": {"t": 1}}).to_string(),
+                if_match: Some(IfMatch::Etag("AAAAAAAAAAE=".into())),
+            },
+            Op::UpdateReported { id: dev(), patch_json: json!({"a": 2}).to_string() },
+        ]
+    };
+    let cmds: Vec<Command> = ops().into_iter().map(|op| one_by_one.cmd(op)).collect();
+    let mut want_events = Vec::new();
+    let want: Vec<_> = cmds
+        .iter()
+        .map(|c| {
+            let a = one_by_one.state.apply(c);
+            want_events.extend(a.events);
+            a.result
+        })
+        .collect();
+    batched.next_req = one_by_one.next_req;
+    let batch = Command { request_id: RequestId(9_999), timestamp_ms: T0, op: Op::Batch { commands: cmds.clone() } };
+    let got = batched.state.apply(&batch);
+    assert_eq!(got.result, Ok(Reply::Batch(want.clone())));
+    assert!(matches!(want[2], Err(TwinError::PreconditionFailed(_))), "{want:?}");
+    assert_eq!(got.events, want_events);
+    assert_eq!(batched.twin(&dev()), one_by_one.twin(&dev()));
+
+    // Each command is remembered: a retry alone, or in another batch, answers the first outcome.
+    assert_eq!(batched.state.apply(&cmds[3]).result, want[3]);
+    let again = batched.state.apply(&Command { request_id: RequestId(10_000), ..batch.clone() });
+    assert_eq!(again.result, Ok(Reply::Batch(want)));
+    assert!(again.events.is_empty());
+    assert_eq!(batched.twin(&dev())["properties"]["reported"]["$version"], json!(3));
+
+    // No proposer nests batches; one that arrives is refused and changes nothing.
+    let nested = Command { request_id: RequestId(10_001), timestamp_ms: T0, op: Op::Batch { commands: vec![batch] } };
+    let before = batched.twin(&dev());
+    match batched.state.apply(&nested).result {
+        Ok(Reply::Batch(r)) => assert!(matches!(r[..], [Err(TwinError::InvalidArgument(_))]), "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(batched.twin(&dev()), before);
+}
+
 // ---------------------------------------------------------------- duplicates
 
 #[test]
