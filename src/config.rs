@@ -82,10 +82,16 @@ pub struct ServeArgs {
     /// shares the next call. 0: every AppendEntries is a call of its own [default: 2]
     #[arg(long)]
     pub raft_append_calls_per_peer: Option<usize>,
+    /// Entries of one shard proposed to Raft and not yet applied at once; writes of the shard that
+    /// arrive while all are out wait and share the next entry (one log entry, one apply call and one
+    /// answer for many). A write that finds a free place is proposed at once. 0: every write is an
+    /// entry of its own, proposed at once [default: 2]
+    #[arg(long)]
+    pub proposals_in_flight: Option<usize>,
     /// Milliseconds the event broker's feed waits after handing rumqttd a batch of change events, so
     /// that under load the next batch carries several (one wake-up of the broker's threads and one
     /// TLS write per subscriber for all of them). Delays event delivery by at most this much, never
-    /// an acknowledgement. 0: every event leaves as soon as it is published [default: 1]
+    /// an acknowledgement. 0: every event leaves as soon as it is published [default: 10]
     #[arg(long)]
     pub events_batch_ms: Option<u64>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
@@ -176,6 +182,7 @@ pub struct FileConfig {
     pub follower_reads: Option<bool>,
     pub worker_threads: Option<usize>,
     pub raft_append_calls_per_peer: Option<usize>,
+    pub proposals_in_flight: Option<usize>,
     pub events_batch_ms: Option<u64>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
@@ -219,6 +226,11 @@ pub const MAX_SHARD_COUNT: u32 = 4096;
 /// event still leaves at once, since the wait follows a batch. Measured both ways in benches/README.md.
 pub const DEFAULT_EVENTS_BATCH_MS: u64 = 10;
 
+/// `--proposals-in-flight` unless set: how many entries of one shard may be proposed and not yet
+/// applied before the shard's next writes wait to share an entry. Measured both ways in
+/// benches/README.md.
+pub const DEFAULT_PROPOSALS_IN_FLIGHT: usize = 2;
+
 /// The resolved configuration of a node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -245,6 +257,8 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     /// Calls per peer carrying AppendEntries at once (0: one call per AppendEntries, no sharing).
     pub raft_append_calls_per_peer: usize,
+    /// Entries of one shard proposed and not yet applied at once (0: no batching of writes).
+    pub proposals_in_flight: usize,
     /// How long the event broker's feed lets change events gather after each batch it hands on.
     pub events_batch: std::time::Duration,
     /// Connection bounds and timeouts of every listener.
@@ -519,6 +533,9 @@ impl Config {
             file.raft_append_calls_per_peer,
         )?
         .unwrap_or(2);
+        let proposals_in_flight =
+            count(args.proposals_in_flight, "TWINHUB_PROPOSALS_IN_FLIGHT", file.proposals_in_flight)?
+                .unwrap_or(DEFAULT_PROPOSALS_IN_FLIGHT);
         let events_batch_ms = number(args.events_batch_ms, "TWINHUB_EVENTS_BATCH_MS", file.events_batch_ms)?
             .unwrap_or(DEFAULT_EVENTS_BATCH_MS);
         if events_batch_ms > 100 {
@@ -535,6 +552,7 @@ impl Config {
             follower_reads,
             worker_threads,
             raft_append_calls_per_peer,
+            proposals_in_flight,
             events_batch: std::time::Duration::from_millis(events_batch_ms),
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
@@ -714,6 +732,24 @@ mod tests {
         let args = ServeArgs { events_batch_ms: Some(101), ..Default::default() };
         let e = Config::resolve(args, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("events-batch-ms"), "{e}");
+    }
+
+    /// Entries in flight per shard: the default unless the flag, the variable or the file says
+    /// otherwise; 0 (no batching) is a valid choice.
+    #[test]
+    fn proposals_in_flight_come_from_flag_variable_or_file() {
+        let get = |args: ServeArgs, var: &[(&str, &str)]| Config::resolve(args, env_of(var));
+        assert_eq!(get(ServeArgs::default(), &[]).unwrap().proposals_in_flight, DEFAULT_PROPOSALS_IN_FLIGHT);
+        let var = [("TWINHUB_PROPOSALS_IN_FLIGHT", "0")];
+        assert_eq!(get(ServeArgs::default(), &var).unwrap().proposals_in_flight, 0);
+        let args = ServeArgs { proposals_in_flight: Some(4), ..Default::default() };
+        assert_eq!(get(args, &var).unwrap().proposals_in_flight, 4);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "proposals_in_flight = 1\n").unwrap();
+        assert_eq!(get(ServeArgs { config: Some(file), ..Default::default() }, &[]).unwrap().proposals_in_flight, 1);
+        let e = get(ServeArgs::default(), &[("TWINHUB_PROPOSALS_IN_FLIGHT", "-1")]).unwrap_err();
+        assert!(e.to_string().contains("TWINHUB_PROPOSALS_IN_FLIGHT"), "{e}");
     }
 
     /// Append calls per peer: 2 unless the flag, the variable or the file says otherwise; 0 (one call

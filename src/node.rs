@@ -183,6 +183,7 @@ impl Node {
             members: config.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
             join: config.cluster.as_ref().and_then(|c| c.join.clone()),
             heartbeat_ms: config.raft_heartbeat_ms,
+            proposals_in_flight: config.proposals_in_flight,
         })
         .await?;
         shards.serve_reconciler_calls();

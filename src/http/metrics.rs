@@ -23,11 +23,12 @@ pub fn metrics_handle() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             let buckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-            // Requests per group-commit batch: a count, not seconds.
+            // Requests per group-commit batch and writes per log entry: counts, not seconds.
             let batch = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
             let builder = PrometheusBuilder::new()
                 .set_buckets(&buckets)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full("twinhub_storage_batch_requests".into()), &batch))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("twinhub_raft_batch_commands".into()), &batch))
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
@@ -200,6 +201,10 @@ fn register_defaults() {
     metrics::describe_histogram!(
         "twinhub_storage_batch_requests",
         "Storage requests (log appends of every shard) covered by one fsync."
+    );
+    metrics::describe_histogram!(
+        "twinhub_raft_batch_commands",
+        "Twin writes of one shard proposed together as one Raft log entry (see --proposals-in-flight)."
     );
     metrics::describe_histogram!(
         "twinhub_snapshot_encode_seconds",

@@ -30,6 +30,9 @@ pub struct ShardsConfig {
     pub join: Option<String>,
     /// Raft heartbeat; elections time out after 3 to 6 heartbeats.
     pub heartbeat_ms: u64,
+    /// Entries of one shard proposed and not yet applied at once before its next writes share an
+    /// entry (see `proposer`); 0: every write is an entry of its own.
+    pub proposals_in_flight: usize,
 }
 
 /// Raft timing for many groups on a small box. openraft ticks every group separately (100 groups at a
@@ -128,6 +131,7 @@ mod layout_tests {
             members: BTreeMap::new(),
             join: None,
             heartbeat_ms: 100,
+            proposals_in_flight: 0,
         }
     }
 

@@ -37,6 +37,9 @@ pub struct Shard {
     /// Set when the node closes the replica (shutdown, or the shard moved away): later pipelined
     /// proposals are refused at once instead of reaching a group that is stopping.
     pub(super) closed: AtomicBool,
+    /// Shares one log entry between the pipelined writes that queue up under load; `None`: every
+    /// write is an entry of its own.
+    pub(super) proposer: Option<super::proposer::Proposer>,
 }
 
 impl Shard {
@@ -51,13 +54,16 @@ impl Shard {
     }
 
     /// Proposes without waiting for the commit: `reply` receives the outcome after commit and apply.
-    /// This is how twin actors pipeline. It returns once the proposal is queued in Raft's input
-    /// channel, so commands proposed one after the other (each call awaited, as an actor does) are
-    /// applied in that order; a full channel holds the caller back.
+    /// This is how twin actors pipeline. It returns once the proposal is queued (in the shard's
+    /// batching proposer, or in Raft's input channel), so commands proposed one after the other (each
+    /// call awaited, as an actor does) are applied in that order; a full queue holds the caller back.
     pub async fn write_pipelined(&self, cmd: Command, reply: Reply) {
         if self.closed.load(Ordering::Acquire) {
             let _ = reply.send(Err(ShardError::ShuttingDown { shard: self.id }));
             return;
+        }
+        if let Some(proposer) = &self.proposer {
+            return proposer.propose(self.id, cmd, reply).await;
         }
         let shard = self.id;
         let raft = self.raft.clone();
@@ -192,7 +198,7 @@ impl Shard {
     }
 
     /// Why the group stopped, if it did: a storage failure is reported as such, not as a shutdown.
-    fn stopped_error(raft: &Raft, shard: ShardId) -> ShardError {
+    pub(super) fn stopped_error(raft: &Raft, shard: ShardId) -> ShardError {
         match &raft.metrics().borrow_watched().running_state {
             Err(f) => fatal_error(shard, f),
             Ok(()) => ShardError::ShuttingDown { shard },

@@ -12,6 +12,7 @@ mod config;
 mod error;
 mod group;
 pub mod network;
+mod proposer;
 pub mod reconcile;
 pub mod tail;
 
@@ -378,6 +379,8 @@ impl Shards {
                 }
             }
         }
+        let proposer = (self.config.proposals_in_flight > 0 && id != META)
+            .then(|| proposer::Proposer::start(raft.clone(), id, self.config.proposals_in_flight));
         let shard = Arc::new(Shard {
             id,
             node_id: self.node_id,
@@ -386,6 +389,7 @@ impl Shards {
             state,
             work,
             closed: std::sync::atomic::AtomicBool::new(false),
+            proposer,
         });
         if id != META {
             self.groups.write().unwrap_or_else(|e| e.into_inner()).insert(id, shard.clone());

@@ -44,6 +44,7 @@ fn config(dir: &std::path::Path, shard_count: u32, snapshot_every: u64) -> Shard
         members: Default::default(),
         join: None,
         heartbeat_ms: 100,
+        proposals_in_flight: crate::config::DEFAULT_PROPOSALS_IN_FLIGHT,
     }
 }
 
@@ -115,6 +116,40 @@ async fn writes_survive_reopen_and_versions_continue() {
         shards.local(shards.shard_of("dev-a")).unwrap().write(report("dev-a", 21)).await.expect("write after reopen");
     assert_eq!(must_reported_version(applied.result.as_ref().expect("ok")), last + 1);
     shards.shutdown().await;
+}
+
+/// Writes that queue while the shard's entries are out share the next entry, and still answer in
+/// order with consecutive versions; with batching off, every write is an entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_writes_share_entries_and_keep_their_order() {
+    for (in_flight, batched) in [(2, true), (0, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = Shards::open(ShardsConfig { proposals_in_flight: in_flight, ..config(dir.path(), 1, 10_000) })
+            .await
+            .expect("open");
+        let shard = shards.local(0).unwrap().clone();
+        shard.write(put_device("dev-q")).await.expect("create");
+        let before = shard.status().last_log_index;
+        let mut rxs = Vec::new();
+        for n in 1..=60 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            shard.write_pipelined(report("dev-q", n), tx).await;
+            rxs.push(rx);
+        }
+        let mut versions = Vec::new();
+        for rx in rxs {
+            let applied = rx.await.expect("answered").expect("applied");
+            versions.push(must_reported_version(applied.result.as_ref().expect("ok")));
+        }
+        assert!(versions.windows(2).all(|w| w[1] == w[0] + 1), "{versions:?}");
+        let entries = shard.status().last_log_index - before;
+        if batched {
+            assert!(entries < 30, "60 queued writes took {entries} entries");
+        } else {
+            assert_eq!(entries, 60);
+        }
+        shards.shutdown().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
