@@ -540,8 +540,8 @@ fn cluster_auth_headers(data: &[u8]) {
     let body = parts.next().unwrap_or_default();
     let Ok(claim) = Claim::from_headers(&headers, NOW_MS) else { return };
     if let Ok(secret) = ClusterSecret::new(b"fuzz cluster secret") {
-        let _ = claim.verify_request(&secret, "POST", "/cluster/v3/raft/append");
-        let _ = claim.verify_response(&secret, 200, "/cluster/v3/raft/append", Nonce([7; 16]));
+        let _ = claim.verify_request(&secret, "POST", "/cluster/v4/raft/append");
+        let _ = claim.verify_response(&secret, 200, "/cluster/v4/raft/append", Nonce([7; 16]));
         let _ = claim.check_body(body);
     }
 }

@@ -15,8 +15,8 @@
 //! where `input` is three lines, each ending with `\n`, then the first 72 bytes above:
 //!
 //! ```text
-//! request:  twinhub-req-v3  METHOD  PATH  FIELDS
-//! response: twinhub-resp-v3 STATUS  PATH  FIELDS
+//! request:  twinhub-req-v4  METHOD  PATH  FIELDS
+//! response: twinhub-resp-v4 STATUS  PATH  FIELDS
 //! ```
 //!
 //! Why each field is there:
@@ -69,10 +69,10 @@ pub const AUTH_LEN: usize = FIELDS_LEN + 32;
 /// Length of the header value: base64 with padding of [`AUTH_LEN`] bytes.
 const AUTH_B64_LEN: usize = AUTH_LEN.div_ceil(3) * 4;
 
-/// First line of the MAC input of a request; `v3` is the protocol version (see [`super::wire`]).
-pub const REQUEST_DOMAIN: &str = "twinhub-req-v3";
+/// First line of the MAC input of a request; `v4` is the protocol version (see [`super::wire`]).
+pub const REQUEST_DOMAIN: &str = "twinhub-req-v4";
 /// First line of the MAC input of a response.
-pub const RESPONSE_DOMAIN: &str = "twinhub-resp-v3";
+pub const RESPONSE_DOMAIN: &str = "twinhub-resp-v4";
 
 /// How far a message's timestamp may be from the receiver's clock. Node clocks must agree within it
 /// (NTP does far better); the replay cache remembers nonces for as long as a timestamp stays valid.
@@ -446,7 +446,7 @@ mod tests {
                 Direction::Response { .. } => RESPONSE_DOMAIN,
             };
             let e =
-                Envelope { direction, path: "/cluster/v3/raft/append", node: 7, ts: 1_700_000_000_123, nonce, body };
+                Envelope { direction, path: "/cluster/v4/raft/append", node: 7, ts: 1_700_000_000_123, nonce, body };
             // The layout written out independently of the code under test.
             let mut fields = Vec::new();
             fields.extend_from_slice(&7u64.to_be_bytes());
@@ -455,7 +455,7 @@ mod tests {
             fields.extend_from_slice(&4u64.to_be_bytes());
             fields.extend_from_slice(&body.sha256);
             let mut mac = HmacSha256::new_from_slice(b"k").expect("key");
-            mac.update(format!("{domain}\n{verb}\n/cluster/v3/raft/append\n").as_bytes());
+            mac.update(format!("{domain}\n{verb}\n/cluster/v4/raft/append\n").as_bytes());
             mac.update(&fields);
             let mut want = fields.clone();
             want.extend_from_slice(&mac.finalize().into_bytes());
