@@ -12,7 +12,7 @@ use super::log_store::LogStore;
 use super::state_machine::StateMachine;
 use super::store::Store;
 use super::types::TypeConfig;
-use super::{Shards, ShardsConfig};
+use super::{Shard, Shards, ShardsConfig};
 use crate::ids::{ShardId, TwinId};
 use crate::model::{Command, DeviceSpec, Op, Reply};
 
@@ -67,6 +67,24 @@ fn must_reported_version(r: &Reply) -> i64 {
 }
 
 /// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
+/// Proposes `n` reported patches of `id` back to back without waiting, then checks that they answer
+/// in proposal order with consecutive versions; the last version.
+async fn pipeline_reports(shard: &Shard, id: &str, n: u64) -> i64 {
+    let mut rxs = Vec::new();
+    for i in 1..=n {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        shard.write_pipelined(report(id, i), tx).await;
+        rxs.push(rx);
+    }
+    let mut versions = Vec::new();
+    for rx in rxs {
+        let applied = rx.await.expect("answered").expect("applied");
+        versions.push(must_reported_version(applied.result.as_ref().expect("ok")));
+    }
+    assert!(versions.windows(2).all(|w| w[1] == w[0] + 1), "{versions:?}");
+    *versions.last().expect("at least one write")
+}
+
 async fn must_twin(shards: &Shards, id: &str) -> (i64, i64) {
     let twin = shards
         .local(shards.shard_of(id))
@@ -90,19 +108,7 @@ async fn writes_survive_reopen_and_versions_continue() {
         assert!(matches!(applied.result, Ok(Reply::Device(_))), "{applied:?}");
     }
     // Pipelined writes answer in proposal order with consecutive versions.
-    let mut rxs = Vec::new();
-    for n in 1..=20 {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        shards.local(shards.shard_of("dev-a")).unwrap().write_pipelined(report("dev-a", n), tx).await;
-        rxs.push(rx);
-    }
-    let mut versions = Vec::new();
-    for rx in rxs {
-        let applied = rx.await.expect("answered").expect("applied");
-        versions.push(must_reported_version(applied.result.as_ref().expect("ok")));
-    }
-    assert!(versions.windows(2).all(|w| w[1] == w[0] + 1), "{versions:?}");
-    let last = *versions.last().unwrap();
+    let last = pipeline_reports(&shards.local(shards.shard_of("dev-a")).unwrap(), "dev-a", 20).await;
     assert_eq!(must_twin(&shards, "dev-a").await, (last, 20));
     shards.shutdown().await;
     drop(shards);
@@ -130,18 +136,7 @@ async fn queued_writes_share_entries_and_keep_their_order() {
         let shard = shards.local(0).unwrap().clone();
         shard.write(put_device("dev-q")).await.expect("create");
         let before = shard.status().last_log_index;
-        let mut rxs = Vec::new();
-        for n in 1..=60 {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            shard.write_pipelined(report("dev-q", n), tx).await;
-            rxs.push(rx);
-        }
-        let mut versions = Vec::new();
-        for rx in rxs {
-            let applied = rx.await.expect("answered").expect("applied");
-            versions.push(must_reported_version(applied.result.as_ref().expect("ok")));
-        }
-        assert!(versions.windows(2).all(|w| w[1] == w[0] + 1), "{versions:?}");
+        pipeline_reports(&shard, "dev-q", 60).await;
         let entries = shard.status().last_log_index - before;
         if batched {
             assert!(entries < 30, "60 queued writes took {entries} entries");
