@@ -65,15 +65,9 @@ impl Shard {
         if let Some(proposer) = &self.proposer {
             return proposer.propose(self.id, cmd, reply).await;
         }
-        let shard = self.id;
-        let raft = self.raft.clone();
+        let (shard, raft) = (self.id, self.raft.clone());
         let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
-            let out = match res {
-                Some(Ok(resp)) => Ok(resp.data),
-                Some(Err(e)) => Err(write_error(shard, e)),
-                None => Err(Shard::stopped_error(&raft, shard)),
-            };
-            let _ = reply.send(out);
+            let _ = reply.send(Shard::outcome(&raft, shard, res));
         });
         // On a fatal error the responder is dropped unanswered and reports why itself.
         let _ = self.raft.client_write_ff(Arc::new(cmd), Some(responder)).await;
@@ -197,8 +191,18 @@ impl Shard {
         f(&applied.state)
     }
 
+    /// What a pipelined write's caller is answered, from what openraft completed its entry with
+    /// (`None`: the entry's responder was dropped unanswered, as the group stopped).
+    pub(super) fn outcome(raft: &Raft, shard: ShardId, res: Option<ClientWriteResult>) -> Result<Applied, ShardError> {
+        match res {
+            Some(Ok(resp)) => Ok(resp.data),
+            Some(Err(e)) => Err(write_error(shard, e)),
+            None => Err(Shard::stopped_error(raft, shard)),
+        }
+    }
+
     /// Why the group stopped, if it did: a storage failure is reported as such, not as a shutdown.
-    pub(super) fn stopped_error(raft: &Raft, shard: ShardId) -> ShardError {
+    fn stopped_error(raft: &Raft, shard: ShardId) -> ShardError {
         match &raft.metrics().borrow_watched().running_state {
             Err(f) => fatal_error(shard, f),
             Ok(()) => ShardError::ShuttingDown { shard },

@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::error::write_error;
 use super::types::{ClientWriteResult, Raft, ShardResponder};
 use super::{Shard, ShardError};
 use crate::ids::ShardId;
@@ -125,28 +124,21 @@ fn entry(
         let (cmd, answer) = batch.remove(0);
         let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
             drop(place);
-            let _ = answer.send(match res {
-                Some(Ok(resp)) => Ok(resp.data),
-                Some(Err(e)) => Err(write_error(shard, e)),
-                None => Err(Shard::stopped_error(&raft, shard)),
-            });
+            let _ = answer.send(Shard::outcome(&raft, shard, res));
         });
         return (cmd, responder);
     }
     let (commands, answers): (Vec<Command>, Vec<Answer>) = batch.into_iter().unzip();
     let responder = ShardResponder::new(move |res: Option<ClientWriteResult>| {
         drop(place);
-        let results = match res {
-            Some(Ok(resp)) => match resp.data.result {
-                Ok(Reply::Batch(results)) if results.len() == answers.len() => results,
-                other => {
-                    let kind = other.map(|r| r.kind());
-                    let e = ShardError::Fatal { shard, msg: format!("a batch of writes was answered with {kind:?}") };
-                    return answer_all(answers, e);
-                }
-            },
-            Some(Err(e)) => return answer_all(answers, write_error(shard, e)),
-            None => return answer_all(answers, Shard::stopped_error(&raft, shard)),
+        let results = match Shard::outcome(&raft, shard, res).map(|applied| applied.result) {
+            Ok(Ok(Reply::Batch(results))) if results.len() == answers.len() => results,
+            Ok(other) => {
+                let kind = other.map(|r| r.kind());
+                let e = ShardError::Fatal { shard, msg: format!("a batch of writes was answered with {kind:?}") };
+                return answer_all(answers, e);
+            }
+            Err(e) => return answer_all(answers, e),
         };
         for (answer, result) in answers.into_iter().zip(results) {
             let _ = answer.send(Ok(Applied { result, events: Vec::new() }));

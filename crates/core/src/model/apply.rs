@@ -186,7 +186,7 @@ impl ShardState {
             Op::Cluster(op) => {
                 self.cluster.apply(op).map(|()| Reply::Done).map_err(|e| TwinError::InvalidArgument(e.to_string()))
             }
-            // `ShardState::apply` unpacks a batch before it gets here; only a nested one arrives.
+            // `ShardState::apply` unpacks a batch before it gets here; only one inside a batch arrives.
             Op::Batch { .. } => Err(TwinError::InvalidArgument("a batch of commands cannot hold another batch".into())),
         }
     }

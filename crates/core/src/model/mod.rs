@@ -187,9 +187,14 @@ impl ShardState {
     /// A command whose request id was recently applied for the same device answers the first outcome
     /// again and changes nothing.
     pub fn apply(&mut self, cmd: &Command) -> Applied {
-        if let Op::Batch { commands } = &cmd.op {
-            return self.apply_batch(commands);
+        match &cmd.op {
+            Op::Batch { commands } => self.apply_batch(commands),
+            _ => self.apply_one(cmd),
         }
+    }
+
+    /// [`ShardState::apply`] of one command, or of a batch inside a batch, which `apply_op` refuses.
+    fn apply_one(&mut self, cmd: &Command) -> Applied {
         if let Some(first) = self.dedupe.get(&cmd.request_id) {
             let result = match (first, self.replies.get(&cmd.request_id)) {
                 (Remembered::Twin(_), Some(doc)) => Ok(Reply::Twin(doc)),
@@ -243,16 +248,13 @@ impl ShardState {
 
     /// Applies each command of a batch as if it had an entry of its own, in order; the events of all
     /// of them go out together. The batch itself is not remembered for dedupe (its commands are),
-    /// and a batch inside a batch is refused, as no proposer builds one.
+    /// and a batch inside a batch is refused (by `apply_op`), as no proposer builds one.
     fn apply_batch(&mut self, commands: &[Command]) -> Applied {
         let mut events = Vec::new();
         let results = commands
             .iter()
             .map(|inner| {
-                if matches!(inner.op, Op::Batch { .. }) {
-                    return Err(TwinError::InvalidArgument("a batch of commands cannot hold another batch".into()));
-                }
-                let applied = self.apply(inner);
+                let applied = self.apply_one(inner);
                 events.extend(applied.events);
                 applied.result
             })
