@@ -4,7 +4,8 @@
 #   1. makes sure Python 3.11 and a venv in .venv with azure-iot-hub 2.7.0 (+ six, pytest, cryptography for test certificates,
 #      selenium for the console's browser test, with Debian's chromium and chromium-driver) and
 #      azure-iot-device 2.14.0 exist (a missing package is pip-installed into an existing venv),
-#   2. cargo build            (the debug `twinhub` binary the tests start),
+#   2. cargo build --all-targets (the debug programs the tests start, and the tests themselves: with
+#      the tests' features, so that step 3 compiles nothing again),
 #   3. cargo test             (unit tests + integration tests against the real binary),
 #   4. fuzz smoke             (every network parser, 20 s of mutated inputs each: tests/fuzz_smoke.rs),
 #   5. pytest                 (the official Python service and device SDKs against the real binary).
@@ -111,8 +112,11 @@ else
   failed+=("cargo clippy (clippy missing: rustup component add clippy)")
 fi
 
-step "cargo build"
-cargo build 2>&1
+step "cargo build --all-targets"
+# Every target at once, with the features the tests unify in (the dev-dependencies'): a plain `cargo
+# build` resolves features without them, and `cargo test` would then compile the crates whose
+# features differ (the server among them) a second time.
+cargo build --all-targets 2>&1
 
 step "cargo test (unit + integration against the real binary)"
 # The fuzz smoke tests get their own step and budget below.
