@@ -66,7 +66,6 @@ fn must_reported_version(r: &Reply) -> i64 {
     }
 }
 
-/// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
 /// Proposes `n` reported patches of `id` back to back without waiting, then checks that they answer
 /// in proposal order with consecutive versions; the last version.
 async fn pipeline_reports(shard: &Shard, id: &str, n: u64) -> i64 {
@@ -85,6 +84,7 @@ async fn pipeline_reports(shard: &Shard, id: &str, n: u64) -> i64 {
     *versions.last().expect("at least one write")
 }
 
+/// The twin as a linearizable read sees it: (reported `$version`, reported `n`).
 async fn must_twin(shards: &Shards, id: &str) -> (i64, i64) {
     let twin = shards
         .local(shards.shard_of(id))

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""Gives every thread of the matching processes a short EEVDF slice (sched_attr.sched_runtime for
+"""Gives every thread of the matching processes an EEVDF slice of SLICE_US (sched_attr.sched_runtime for
 SCHED_OTHER), keeping each thread's nice. Threads at nice > 0 (background) are left alone.
    slice.py SLICE_US PATTERN... ; loops every second until killed."""
 import ctypes, os, sys, time, struct, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_sched_setattr = 314
-SYS_sched_getattr = 315
 us = int(sys.argv[1]); pats = sys.argv[2:]
 done = set()
 def pids():
