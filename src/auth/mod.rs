@@ -3,6 +3,7 @@
 pub mod client;
 mod policy;
 mod sas;
+mod verified;
 pub mod x509;
 
 pub use policy::{generate_key, write_atomically, Permission, Policies, Policy, PolicyFileError, OWNER};

@@ -2,12 +2,14 @@
 //! directory so that connection strings survive restarts.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
+use super::verified::{Verified, VerifiedTokens};
 use super::{AuthError, SasToken};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +34,9 @@ pub struct Policy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policies {
     pub policies: Vec<Policy>,
+    /// Tokens already verified against these policies (see `verified.rs`).
+    #[serde(skip)]
+    verified: VerifiedTokens,
 }
 
 /// Errors loading or saving `policies.json`.
@@ -71,6 +76,7 @@ impl Policies {
                 p("registryRead", vec![RegistryRead]),
                 p("registryReadWrite", vec![RegistryRead, RegistryWrite]),
             ],
+            verified: VerifiedTokens::default(),
         }
     }
 
@@ -124,13 +130,10 @@ impl Policies {
         needed: Permission,
         now_secs: i64,
     ) -> Result<&Policy, AuthError> {
-        let token = SasToken::parse(header.ok_or(AuthError::Missing)?)?;
-        let skn = token.skn.as_deref().ok_or_else(|| AuthError::Malformed("missing 'skn' (policy name)".into()))?;
-        let policy = self.get(skn).ok_or_else(|| AuthError::UnknownPolicy(skn.to_string()))?;
-        if !resource_covers(&token.resource, host, request_resource) {
-            return Err(AuthError::WrongResource(token.resource.clone()));
+        let (policy, resource) = self.signed(header, host, now_secs)?;
+        if !resource_covers(&resource, host, request_resource) {
+            return Err(AuthError::WrongResource(resource.to_string()));
         }
-        token.check(&[&policy.primary_key, &policy.secondary_key], now_secs)?;
         if !policy.permissions.contains(&needed) {
             return Err(AuthError::MissingPermission { policy: policy.name.clone(), needed });
         }
@@ -142,14 +145,45 @@ impl Policies {
     /// request body, so strangers cannot make it buffer anything; the route then checks resource and
     /// permission with [`Policies::authorize`].
     pub fn verify_credential(&self, header: Option<&str>, host: &str, now_secs: i64) -> Result<&Policy, AuthError> {
-        let token = SasToken::parse(header.ok_or(AuthError::Missing)?)?;
+        self.signed(header, host, now_secs).map(|(policy, _)| policy)
+    }
+
+    /// The policy whose key signed the token in `header`, and the token's resource, once the token is
+    /// known to be unexpired and for this hub. A token seen before is looked up instead of verified
+    /// again; a new one is parsed and its signature checked.
+    fn signed(&self, header: Option<&str>, host: &str, now_secs: i64) -> Result<(&Policy, Arc<str>), AuthError> {
+        let header = header.ok_or(AuthError::Missing)?;
+        if let Some(known) = self.verified.get(header) {
+            match self.policies.get(known.policy) {
+                Some(policy) if known.still_signed_by(policy) => {
+                    if known.expires < now_secs {
+                        self.verified.remove(header);
+                        return Err(AuthError::Expired(known.expires));
+                    }
+                    if path_below_host(&known.resource, host).is_none() {
+                        return Err(AuthError::WrongResource(known.resource.to_string()));
+                    }
+                    return Ok((policy, known.resource));
+                }
+                _ => self.verified.remove(header),
+            }
+        }
+        let token = SasToken::parse(header)?;
         let skn = token.skn.as_deref().ok_or_else(|| AuthError::Malformed("missing 'skn' (policy name)".into()))?;
-        let policy = self.get(skn).ok_or_else(|| AuthError::UnknownPolicy(skn.to_string()))?;
+        let (index, policy) = self
+            .policies
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name == skn)
+            .ok_or_else(|| AuthError::UnknownPolicy(skn.to_string()))?;
         if path_below_host(&token.resource, host).is_none() {
             return Err(AuthError::WrongResource(token.resource.clone()));
         }
-        token.check(&[&policy.primary_key, &policy.secondary_key], now_secs)?;
-        Ok(policy)
+        let key = token.check(&[&policy.primary_key, &policy.secondary_key], now_secs)?;
+        let resource: Arc<str> = token.resource.into();
+        let verified = Verified { policy: index, key: key.into(), resource: resource.clone(), expires: token.se };
+        self.verified.insert(header, verified);
+        Ok((policy, resource))
     }
 }
 
@@ -250,6 +284,52 @@ mod tests {
             p.authorize(Some(&h), "localhost:8443", "", Permission::ServiceConnect, se + 1).unwrap_err(),
             AuthError::Expired(se)
         );
+    }
+
+    #[test]
+    fn a_verified_token_is_kept_and_still_checked_on_every_use() {
+        let mut p = Policies::generate();
+        let owner = p.get(OWNER).unwrap().clone();
+        let se = 2_000_000_000;
+        let scoped = token(OWNER, &owner.primary_key, "localhost/devices/d1", se);
+        let forged = token(OWNER, &generate_key(), "localhost", se);
+        assert_eq!(p.verify_credential(Some(&forged), "localhost", 0).unwrap_err(), AuthError::BadSignature);
+        assert_eq!(p.verified.len(), 0, "a token that failed is not kept");
+        assert!(p.verify_credential(Some(&scoped), "localhost", 0).is_ok());
+        assert_eq!(p.verified.len(), 1);
+        // From the map: resource, permission, host and expiry are checked per use.
+        assert!(p.authorize(Some(&scoped), "localhost", "devices/d1", Permission::RegistryRead, 0).is_ok());
+        assert!(matches!(
+            p.authorize(Some(&scoped), "localhost", "devices/d2", Permission::RegistryRead, 0),
+            Err(AuthError::WrongResource(_))
+        ));
+        assert!(matches!(p.verify_credential(Some(&scoped), "elsewhere", 0), Err(AuthError::WrongResource(_))));
+        assert_eq!(p.verify_credential(Some(&scoped), "localhost", se + 1).unwrap_err(), AuthError::Expired(se));
+        assert_eq!(p.verified.len(), 0, "an expired token leaves the map");
+        // A key that changed after the token was kept: the token is verified again, and fails.
+        assert!(p.verify_credential(Some(&scoped), "localhost", 0).is_ok());
+        let i = p.policies.iter().position(|x| x.name == OWNER).unwrap();
+        p.policies[i].primary_key = generate_key();
+        assert_eq!(p.verify_credential(Some(&scoped), "localhost", 0).unwrap_err(), AuthError::BadSignature);
+        let svc = p.get("service").unwrap().clone();
+        let hs = token("service", &svc.primary_key, "localhost", se);
+        assert!(p.verify_credential(Some(&hs), "localhost", 0).is_ok());
+        assert_eq!(
+            p.authorize(Some(&hs), "localhost", "devices/d1", Permission::RegistryRead, 0).unwrap_err(),
+            AuthError::MissingPermission { policy: "service".into(), needed: Permission::RegistryRead },
+            "a kept token grants only its own policy's permissions"
+        );
+    }
+
+    #[test]
+    fn kept_tokens_are_bounded() {
+        let p = Policies::generate();
+        let owner = p.get(OWNER).unwrap().clone();
+        for se in 0..(super::super::verified::CAPACITY as i64 + 10) {
+            let t = token(OWNER, &owner.primary_key, "localhost", 2_000_000_000 + se);
+            assert!(p.verify_credential(Some(&t), "localhost", 0).is_ok());
+            assert!(p.verified.len() <= super::super::verified::CAPACITY);
+        }
     }
 
     #[test]

@@ -56,8 +56,8 @@ impl SasToken {
         Ok(SasToken { sr_raw, resource, sig, se, skn })
     }
 
-    /// Checks expiry and that one of `keys` (base64) signed this token.
-    pub fn check(&self, keys: &[&str], now_secs: i64) -> Result<(), AuthError> {
+    /// Checks expiry and that one of `keys` (base64) signed this token; returns the key that did.
+    pub fn check<'k>(&self, keys: &[&'k str], now_secs: i64) -> Result<&'k str, AuthError> {
         if self.se < now_secs {
             return Err(AuthError::Expired(self.se));
         }
@@ -92,15 +92,11 @@ fn mac(key_b64: &str, text: &str) -> Option<Vec<u8>> {
 /// Either key of a policy or device may have signed; each comparison is constant-time. The keys are
 /// tried in order and the first match ends the search: a token made with the primary key, which is
 /// nearly every token, costs one HMAC instead of two. Which key matched is no secret worth timing,
-/// since learning it takes a signature that already verifies.
-pub fn verify_signature(sr_raw: &str, se: i64, sig: &[u8], keys: &[&str]) -> Result<(), AuthError> {
+/// since learning it takes a signature that already verifies. Returns the key that signed.
+pub fn verify_signature<'k>(sr_raw: &str, se: i64, sig: &[u8], keys: &[&'k str]) -> Result<&'k str, AuthError> {
     let text = signed_text(sr_raw, se);
     let matches = |key: &&str| mac(key, &text).is_some_and(|expected| bool::from(expected.ct_eq(sig)));
-    if keys.iter().any(matches) {
-        Ok(())
-    } else {
-        Err(AuthError::BadSignature)
-    }
+    keys.iter().copied().find(matches).ok_or(AuthError::BadSignature)
 }
 
 /// Verifies a device or module token (no `skn`) against the device's credentials. The resource must be
