@@ -1,7 +1,7 @@
 #!/bin/bash
-# profile-run.sh BUILD_DIR LABEL: a twinhub-only compare; perf (DWARF, 149 Hz) on the 3 nodes for 8 s of its window; folded stacks in /tmp/prof-LABEL
+# profile-run.sh BUILD_DIR LABEL: a twinhub-only compare ([SC=N]: at N shards, else the default); perf (DWARF, 149 Hz) on the 3 nodes for 8 s of its window; folded stacks in /tmp/prof-LABEL
 BD=$1; L=$2; W=/tmp/prof-$L; rm -rf $W; mkdir -p $W
-TWINHUB_BIN=$BD/twinhub $BD/twinhub bench compare --systems twinhub --duration 30 --concurrency 64 --twins 10000 --value-bytes 200 --out $W/c.json > $W/c.txt 2> $W/c.log &
+TWINHUB_BIN=$BD/twinhub $BD/twinhub bench compare --systems twinhub --duration 30 --concurrency 64 --twins 10000 --value-bytes 200 ${SC:+--shard-count $SC} --out $W/c.json > $W/c.txt 2> $W/c.log &
 B=$!
 until grep -q "closed loop" $W/c.log 2>/dev/null; do kill -0 $B 2>/dev/null || { tail $W/c.log; exit 1; }; sleep 1; done
 sleep 10
