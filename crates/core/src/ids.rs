@@ -40,7 +40,7 @@ impl TwinId {
 /// a log write and fsync on each replica, openraft's work and the wake-ups between them): a round can
 /// only carry the writes of its own shard that are waiting at that moment, so more groups mean more,
 /// emptier rounds. On 3 nodes every node holds and applies every shard whatever the count, so groups
-/// beyond one per node buy no capacity there; 3 groups cost about a quarter less CPU per write than 8
+/// beyond one per node buy no capacity there; 3 groups cost a fifth to a quarter less CPU per write than 8
 /// and lead 1/1/1 instead of 3/3/2. A group has one leader, so a cluster meant to grow past 3 nodes is
 /// founded with more (the count is fixed once data exists).
 pub const DEFAULT_SHARD_COUNT: u32 = 3;
