@@ -17,7 +17,7 @@
 //!
 //!   cargo bench --bench failover
 //!
-//! Environment: `FAILOVER_ROUNDS` (5), `FAILOVER_SHARDS` (the server's default, 8), `FAILOVER_WRITERS` (4, one twin each),
+//! Environment: `FAILOVER_ROUNDS` (5), `FAILOVER_SHARDS` (the server's default, 3), `FAILOVER_WRITERS` (4, one twin each),
 //! `FAILOVER_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`; default: the node default, 100),
 //! `FAILOVER_KEEP=1` keeps the cluster directory (node logs; `killed_unix_ms` in the JSON finds each
 //! kill in them).

@@ -30,7 +30,7 @@
 //!   QJ_TWINS=20000 QJ_JOB_TWINS=2000 cargo bench --bench query_jobs      # quick run
 //!   cargo bench --bench query_jobs                                       # 1M twins, 100k job
 //!
-//! Environment: `QJ_TWINS` (1000000), `QJ_JOB_TWINS` (100000, at most `QJ_TWINS`), `QJ_SHARDS` (the server's default, 8),
+//! Environment: `QJ_TWINS` (1000000), `QJ_JOB_TWINS` (100000, at most `QJ_TWINS`), `QJ_SHARDS` (the server's default, 3),
 //! `QJ_CLIENTS` (64), `QJ_BESIDE_PAUSE_MS` (1000), `QJ_KEEP=1` keeps the cluster directory (node logs).
 //! Progress on stderr; results on stdout and in `target/query_jobs.json`. Asserts nothing about
 //! speed; exits non-zero on a wrong answer.
