@@ -8,7 +8,7 @@
 //!
 //!   cargo bench --bench idle_cpu
 //!
-//! Environment: `IDLE_SECS` (30) measurement window, `IDLE_SETTLE_SECS` (10), `IDLE_SHARDS` (8, the
+//! Environment: `IDLE_SECS` (30) measurement window, `IDLE_SETTLE_SECS` (10), `IDLE_SHARDS` (3, the
 //! default of `twinhub cluster up`), `IDLE_HEARTBEAT_MS` (the nodes' `--raft-heartbeat-ms`). Results on stdout
 //! and in `target/idle_cpu.json`; asserts nothing.
 
