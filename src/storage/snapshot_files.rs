@@ -41,7 +41,7 @@ pub struct SnapshotFiles {
 }
 
 /// The largest encoding buffer kept between snapshots. A shard of a million-twin fleet encodes into
-/// about 55 MB at 8 shards and 150 MB at 3; a buffer above this is freed after use rather than held,
+/// about 55 MB at 8 shards, so about 150 MB at 3; a buffer above this is freed after use rather than held,
 /// so a large shard's snapshots do not keep their size resident between them.
 const SPARE_LIMIT: usize = 64 << 20;
 
