@@ -263,7 +263,7 @@ fn cache_dir() -> PathBuf {
 
 /// (major, minor) of `nats-server --version` output such as `nats-server: v2.9.10`.
 fn parse_version(s: &str) -> Option<(u32, u32)> {
-    let v = s.split('v').nth(1)?;
+    let v = s.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
     let mut parts = v.split('.').map(|p| p.trim().parse::<u32>().ok());
     Some((parts.next()??, parts.next()??))
 }
