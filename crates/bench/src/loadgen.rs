@@ -105,7 +105,10 @@ pub async fn populate<T: Target>(
                             if errors.fetch_add(1, Ordering::Relaxed) < 5 {
                                 eprintln!("populate {}: {e} (attempt {})", keys[i], attempt + 1);
                             }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            // 0.1, 0.2, 0.4, 0.8 s: a cluster settling after start has 1.5 s.
+                            if attempt < 4 {
+                                tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                            }
                         }
                     }
                 }

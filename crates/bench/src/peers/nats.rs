@@ -156,6 +156,7 @@ impl NatsCluster {
             };
             eprintln!("nats durability: {}", c.durability);
             c.create_stream().await?;
+            c.wait_stream_leader().await?;
             eprintln!("nats cluster ready: clients {:?}, stream KV_{} R3", c.clients, c.bucket);
             return Ok(c);
         }
@@ -203,6 +204,36 @@ impl NatsCluster {
                 }
                 Err(e) => anyhow::bail!("cannot create stream KV_{b}: {e}"),
             }
+        }
+    }
+
+    /// Waits until the stream's Raft group has a leader and every replica is current: a put sent
+    /// before then is answered `no responders`, which a run must not count against NATS.
+    async fn wait_stream_leader(&self) -> anyhow::Result<()> {
+        let subject = format!("$JS.API.STREAM.INFO.KV_{}", self.bucket);
+        let started = Instant::now();
+        loop {
+            let info = async {
+                let mut c = NatsConn::connect(self.clients[0]).await?;
+                c.js_api(&subject, &serde_json::json!({})).await
+            }
+            .await;
+            let ready = info.as_ref().ok().and_then(|v| v.get("cluster")).is_some_and(|cl| {
+                let leader = cl.get("leader").and_then(|l| l.as_str()).is_some_and(|l| !l.is_empty());
+                let replicas = cl.get("replicas").and_then(|r| r.as_array());
+                leader
+                    && replicas.is_some_and(|r| {
+                        r.len() + 1 == self.clients.len()
+                            && r.iter().all(|p| p.get("current").and_then(|c| c.as_bool()) == Some(true))
+                    })
+            });
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                anyhow::bail!("stream KV_{} has no leader with current replicas after 60 s: {info:?}", self.bucket);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
