@@ -196,20 +196,35 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     // second run in another order tells the machine from the systems.
     let systems = parse_systems(&opts.systems)?;
     let mut results: Vec<SystemResult> = Vec::new();
-    for system in systems {
-        if !results.is_empty() {
+    // A system that cannot be started or loaded is reported and skipped: the others' minutes of
+    // measurement are still written, and the command fails at the end.
+    let mut failed = serde_json::Map::new();
+    for (i, system) in systems.into_iter().enumerate() {
+        if i > 0 {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        results.push(match system {
-            System::Twinhub => run_twinhub(&opts).await?,
-            System::Etcd => run_etcd(&opts).await?,
-            System::Nats { fsync } => run_nats(&opts, fsync).await?,
-        });
+        let r = match system {
+            System::Twinhub => run_twinhub(&opts).await,
+            System::Etcd => run_etcd(&opts).await,
+            System::Nats { fsync } => run_nats(&opts, fsync).await,
+        };
+        match r {
+            Ok(r) => results.push(r),
+            Err(e) => {
+                let name = SYSTEMS.iter().find(|(_, s)| *s == system).map_or("?", |(n, _)| *n);
+                eprintln!("compare: {name} failed, going on with the others: {e:#}");
+                failed.insert(name.to_string(), json!(format!("{e:#}")));
+            }
+        }
     }
 
     let mut out = serde_json::Map::new();
     for r in &results {
         out.insert(r.name.clone(), r.json.clone());
+    }
+    let failures = failed.len();
+    if failures > 0 {
+        out.insert("failed".into(), Value::Object(failed));
     }
     let th = results.iter().find(|r| r.name == "twinhub").map(|r| r.json.clone());
     let mut ratios = serde_json::Map::new();
@@ -262,6 +277,9 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         &runs,
     )?;
     eprintln!("wrote {}", svg.display());
+    if failures > 0 {
+        anyhow::bail!("{failures} of the systems failed (see `failed` in {})", opts.out.display());
+    }
     Ok(out)
 }
 
@@ -420,6 +438,12 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
     let _ = writeln!(s, "versions:");
     for r in results {
         let _ = writeln!(s, "  {:<12} {}", r.name, r.json["version"].as_str().unwrap_or(""));
+    }
+    if let Some(Value::Object(failed)) = out.get("failed") {
+        let _ = writeln!(s, "failed (not measured):");
+        for (name, error) in failed {
+            let _ = writeln!(s, "  {:<12} {}", name, error.as_str().unwrap_or(""));
+        }
     }
     s
 }
