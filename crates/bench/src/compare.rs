@@ -168,19 +168,27 @@ enum System {
     Nats { fsync: bool },
 }
 
-const SYSTEMS: [(&str, System); 4] = [
-    ("twinhub", System::Twinhub),
-    ("etcd", System::Etcd),
-    ("nats", System::Nats { fsync: true }),
-    ("nats-nofsync", System::Nats { fsync: false }),
-];
+impl System {
+    const ALL: [System; 4] =
+        [System::Twinhub, System::Etcd, System::Nats { fsync: true }, System::Nats { fsync: false }];
+
+    /// The name `--systems` takes, and the row's name in the table.
+    fn name(self) -> &'static str {
+        match self {
+            System::Twinhub => "twinhub",
+            System::Etcd => "etcd",
+            System::Nats { fsync: true } => "nats",
+            System::Nats { fsync: false } => "nats-nofsync",
+        }
+    }
+}
 
 /// `--systems` in the order given, each once; an unknown name is an error naming the known ones.
 fn parse_systems(names: &[String]) -> anyhow::Result<Vec<System>> {
     let mut out = Vec::new();
     for name in names {
-        let Some(&(_, system)) = SYSTEMS.iter().find(|(n, _)| n == name) else {
-            let known: Vec<&str> = SYSTEMS.iter().map(|(n, _)| *n).collect();
+        let Some(system) = System::ALL.into_iter().find(|s| s.name() == name) else {
+            let known: Vec<&str> = System::ALL.iter().map(|s| s.name()).collect();
             anyhow::bail!("unknown system {name:?} in --systems (known: {})", known.join(", "));
         };
         if !out.contains(&system) {
@@ -211,9 +219,8 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         match r {
             Ok(r) => results.push(r),
             Err(e) => {
-                let name = SYSTEMS.iter().find(|(_, s)| *s == system).map_or("?", |(n, _)| *n);
-                eprintln!("compare: {name} failed, going on with the others: {e:#}");
-                failed.insert(name.to_string(), json!(format!("{e:#}")));
+                eprintln!("compare: {} failed, going on with the others: {e:#}", system.name());
+                failed.insert(system.name().to_string(), json!(format!("{e:#}")));
             }
         }
     }
