@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import uuid
 
 import pytest
@@ -189,7 +190,7 @@ def test_query_page_shows_results_as_a_table_and_errors_with_their_position(hub,
     assert "position" in text(d, "query-error"), text(d, "query-error")
 
 
-def test_cluster_page_shows_every_shard_its_leader_and_live_throughput(hub, browser):
+def test_cluster_page_shows_every_shard_its_leader_and_live_throughput(hub, rm, browser):
     d = browser
     d.get(f"https://localhost:{hub.http_port}/console#/cluster")
     wait_for(d, "the cluster page", lambda d: visible(d, "page-cluster") and text(d, "cluster-node") == "1")
@@ -201,12 +202,45 @@ def test_cluster_page_shows_every_shard_its_leader_and_live_throughput(hub, brow
     leaders = {r.find_element(By.CSS_SELECTOR, ".shard-leader").text for r in rows}
     assert leaders == {"1"}, leaders
     assert "ready" in text(d, "cluster-ready")
-    # The charts sample /metrics every 2 s: after two samples the rate chart has drawn a line.
-    wait_for(d, "a drawn throughput chart", lambda d: d.execute_script(
+    # Live throughput: while a service client reads a twin in a loop, the rate chart (sampling /metrics
+    # every 2 s) shows at least that many requests per second and draws its line.
+    dev = f"chart-{uuid.uuid4().hex[:8]}"
+    rm.create_device_with_sas(dev, None, None, "enabled")
+    stop = threading.Event()
+    reads, errors = [0], []
+
+    def load():
+        try:
+            while not stop.is_set():
+                rm.get_twin(dev)
+                reads[0] += 1
+        except Exception as e:  # reported by the wait below
+            errors.append(e)
+
+    def rate_shown(d):
+        assert not errors, f"the reading client failed: {errors[0]!r}"
+        chart = d.find_element(By.ID, "chart-rate")
+        return (reads[0] >= 20 and int(chart.get_attribute("data-samples") or 0) >= 2
+                and float(chart.get_attribute("data-now") or 0) >= 5)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        wait_for(d, "the rate chart to show the client's reads", rate_shown, timeout=30)
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+    assert not errors, f"the reading client failed: {errors[0]!r}"
+    assert "Requests per second: now" in d.find_element(By.ID, "chart-rate").get_attribute("aria-label")
+    # And the line is drawn: pixels in the line's blue, antialiased or not (blue well above red).
+    drawn = d.execute_script(
         "const c = document.getElementById('chart-rate');"
         "const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-        "for (let i = 0; i < px.length; i += 4) if (px[i] === 0x1f && px[i+1] === 0x5f && px[i+2] === 0xbf) return true;"
-        "return false;"), timeout=30)
+        "let n = 0; for (let i = 0; i < px.length; i += 4) if (px[i+2] > px[i] + 80 && px[i+3] > 0) n++;"
+        "return n;")
+    assert drawn >= 50, f"only {drawn} pixels of the rate line drawn"
+    p99 = d.find_element(By.ID, "chart-p99")
+    assert float(p99.get_attribute("data-now") or -1) >= 0, p99.get_attribute("aria-label")
 
 
 def test_a_read_only_policy_can_look_but_not_write(hub, rm, browser):

@@ -515,7 +515,8 @@ function parseMetrics(text) {
   const out = {};
   for (const line of text.split("\n")) {
     if (!line || line.startsWith("#")) continue;
-    const m = /^([a-zA-Z_:][\w:]*)(\{([^}]*)\})?\s+(\S+)/.exec(line);
+    // A label value may hold `}` (route="/twins/{id}"), so the label set is read as quoted strings.
+    const m = /^([a-zA-Z_:][\w:]*)(\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?\s+(\S+)/.exec(line);
     if (!m) continue;
     const labels = {};
     for (const p of (m[3] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[p[1]] = p[2];
@@ -546,7 +547,18 @@ function p99Between(before, after) {
   return bounds[bounds.length - 1];
 }
 
-function drawChart(canvas, points, unit) {
+/** Draws a line of the samples, newest on the right. The canvas also carries the figures as text
+ * (its `aria-label`, and `data-now`/`data-peak`/`data-samples`), for screen readers and for tests that
+ * must not guess from antialiased pixels. */
+function drawChart(canvas, points, unit, what) {
+  const now = points.length ? points[points.length - 1] : null;
+  const peak = points.length ? Math.max(...points) : null;
+  canvas.dataset.samples = String(points.length);
+  canvas.dataset.now = now === null ? "" : String(now);
+  canvas.dataset.peak = peak === null ? "" : String(peak);
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", now === null ? `${what}: no samples yet`
+    : `${what}: now ${now.toFixed(1)}${unit}, peak ${peak.toFixed(1)}${unit} over the last ${points.length} samples`);
   const ctx = canvas.getContext("2d");
   const w = canvas.width, h = canvas.height, pad = 22;
   ctx.clearRect(0, 0, w, h);
@@ -556,9 +568,10 @@ function drawChart(canvas, points, unit) {
   ctx.fillStyle = "#667";
   ctx.font = "11px sans-serif";
   ctx.fillText(`${max.toFixed(max < 10 ? 1 : 0)}${unit}`, 2, 12);
-  ctx.fillText(`now ${points.length ? points[points.length - 1].toFixed(1) : "–"}${unit}`, w - 100, h - 6);
+  ctx.fillText(`now ${now === null ? "–" : now.toFixed(1)}${unit}`, w - 100, h - 6);
   if (points.length < 2) return;
   ctx.strokeStyle = "#1f5fbf";
+  ctx.lineWidth = 2;
   ctx.beginPath();
   points.forEach((p, i) => {
     const x = pad + (i * (w - pad - 4)) / (points.length - 1);
@@ -581,8 +594,8 @@ async function clusterPage() {
       rates.push(Math.max(0, ((totals.total - prev.total) * 1000) / (now - prevAt)));
       p99s.push(p99Between(prev, totals) * 1000);
       if (rates.length > history) { rates.shift(); p99s.shift(); }
-      drawChart($("chart-rate"), rates, "/s");
-      drawChart($("chart-p99"), p99s, " ms");
+      drawChart($("chart-rate"), rates, "/s", "Requests per second");
+      drawChart($("chart-p99"), p99s, " ms", "p99 latency");
     }
     prev = totals;
     prevAt = now;
@@ -621,8 +634,11 @@ async function clusterPage() {
       el("td", {}, id), el("td", {}, m.addr), el("td", {}, m.state),
       el("td", {}, replicasOf.get(Number(id)) || 0), el("td", {}, leadsOf.get(Number(id)) || 0))));
   };
-  await Promise.all([load(), sample()]);
+  // The timer starts before the first round is awaited: a first fetch that fails (a restarting node)
+  // must not leave the page without its periodic refresh.
   every(2000, () => { load().catch(showError); sample().catch(() => {}); });
+  sample().catch(() => {});
+  await load();
 }
 
 // ---- start --------------------------------------------------------------------------------------
