@@ -86,14 +86,14 @@ impl AppendQueue {
         }
     }
 
-    /// What the next call carries: the requests whose callers still wait, up to `max_bytes` (at least
-    /// one). `None`, and the slot is given back, when nothing is queued.
+    /// What the next call carries: the requests whose callers still wait, up to `max_bytes` and
+    /// [`wire::MAX_BATCH_ITEMS`], the most a receiver takes (at least one). `None`, and the slot is given back, when nothing is queued.
     fn take(&self, max_bytes: usize) -> Option<(Vec<Queued>, bool)> {
         let mut s = self.state();
         let mut batch = Vec::new();
         let mut bytes = 0;
         while let Some(next) = s.queue.front() {
-            if !batch.is_empty() && bytes + next.body.len() > max_bytes {
+            if !batch.is_empty() && (bytes + next.body.len() > max_bytes || batch.len() == wire::MAX_BATCH_ITEMS) {
                 break;
             }
             let Some(item) = s.queue.pop_front() else { break };

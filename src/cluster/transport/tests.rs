@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, unix_ms, BodyDigest, Direction, Envelope, Nonce, HEADER_AUTH};
-use super::wire::TestCall;
+use super::wire::{self, TestCall};
 use super::*;
 use crate::model::{Command, DeviceSpec, Op, Reply};
 use crate::net::{ConnGate, ListenerLimits};
@@ -505,6 +505,36 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
         assert!(matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(_), .. })), "{r:?}");
     }
     n.stop().await;
+    stop.cancel();
+    server.await.expect("server");
+}
+
+/// More groups' AppendEntries queued for one peer than a batch may carry: they leave in several
+/// batches, none larger than the receiver takes (a larger one would be refused whole).
+#[tokio::test(flavor = "current_thread")]
+async fn test_a_queue_longer_than_a_batch_leaves_in_batches_the_receiver_takes() {
+    let peer = transport(2);
+    let (addr, stop, server) = start_server(&peer).await;
+    let mut config = TransportConfig::new(1, secret(SECRET));
+    config.append_calls_in_flight = 1;
+    let t = Transport::new(config);
+    t.peers().set(2, addr);
+    let heartbeat = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote: openraft::impls::Vote::new_committed(1, 1),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    // On one thread, every request is queued before the sender first runs.
+    let n = wire::MAX_BATCH_ITEMS as u32 + 100;
+    let sends = (0..n).map(|shard| t.append_entries(2, shard, heartbeat(), WAIT));
+    for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
+        assert!(
+            matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
+            "shard {shard}: {r:?}"
+        );
+    }
+    assert!(t.peers().get(2).expect("peer").appends.batch_calls() >= 2);
     stop.cancel();
     server.await.expect("server");
 }
