@@ -3,7 +3,7 @@
 //! Every durable change of every shard (log appends, truncations, purges, votes, committed ids,
 //! snapshots) is a [`Request`] sent to one writer thread. The thread takes *everything* pending,
 //! writes it to fjall as one batch (so it is readable at once), tells each waiting caller that its
-//! write is visible, then fsyncs once (`PersistMode::SyncAll`) and only after that completes each
+//! write is visible, then fsyncs once ([`SYNC`]) and only after that completes each
 //! append's `IOFlushed` callback and each vote save's signal. Log appends and committed ids do not
 //! wait to be visible (their readers have the log cache, or ask for a [`GroupCommit::barrier`]):
 //! requests are taken in the order they were queued, so a later truncation or read still sees them.
@@ -107,6 +107,19 @@ pub struct GroupCommit {
     syncs: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// How the writer makes fjall's journal durable. On Linux `fdatasync`: it makes the written data
+/// durable together with the metadata needed to read it back (the file's size and block map; ext4 and
+/// XFS commit a block allocation before `fdatasync` returns), and skips only what reading does not need
+/// (modification times), so what a crash keeps of the journal is what `fsync` would have kept. The
+/// journal file itself was made durable when fjall created it (`fsync` of the file, and of the
+/// directory when it rotates to a new one). etcd's WAL and PostgreSQL (its default on Linux) sync the
+/// same way; measured both ways in benches/README.md. Elsewhere `fsync`, since not every system's
+/// `fdatasync` promises as much.
+#[cfg(target_os = "linux")]
+const SYNC: PersistMode = PersistMode::SyncData;
+#[cfg(not(target_os = "linux"))]
+const SYNC: PersistMode = PersistMode::SyncAll;
 
 /// Upper bound of requests in one batch, so that one fsync never waits behind an unbounded write.
 const MAX_BATCH: usize = 4096;
@@ -449,7 +462,7 @@ impl Writer {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        let synced = self.db.persist(PersistMode::SyncAll);
+        let synced = self.db.persist(SYNC);
         self.fsync_seconds.record(started.elapsed().as_secs_f64());
         synced.map_err(|e| {
             self.failed = Some(format!("raft storage fsync failed: {e}"));
