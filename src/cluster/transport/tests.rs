@@ -447,23 +447,33 @@ async fn test_dead_peer_fails_fast_in_backoff_then_reconnects() {
     server.await.expect("server");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
-    let peer = transport(2);
-    let (addr, stop, server) = start_server(&peer).await;
+/// Node 1's transport with one call per peer for AppendEntries, and node 2 at `addr`.
+fn one_append_slot(addr: &str) -> Transport {
     let mut config = TransportConfig::new(1, secret(SECRET));
     config.append_calls_in_flight = 1;
     let t = Transport::new(config);
     t.peers().set(2, addr);
-    let heartbeat = |term| openraft::raft::AppendEntriesRequest::<TypeConfig> {
+    t
+}
+
+/// An AppendEntries without entries from node 1, leader committed in `term`.
+fn no_entries(term: u64) -> openraft::raft::AppendEntriesRequest<TypeConfig> {
+    openraft::raft::AppendEntriesRequest {
         vote: openraft::impls::Vote::new_committed(term, 1),
         prev_log_id: None,
         entries: Vec::new(),
         leader_commit: None,
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
+    let peer = transport(2);
+    let (addr, stop, server) = start_server(&peer).await;
+    let t = one_append_slot(&addr);
     // Forty groups' AppendEntries at once, for shards node 2 does not host: the first leaves alone,
     // the others queue behind it and share calls, and each learns what became of its own.
-    let sends = (0..40u32).map(|shard| t.append_entries(2, shard, heartbeat(u64::from(shard) + 1), WAIT));
+    let sends = (0..40u32).map(|shard| t.append_entries(2, shard, no_entries(u64::from(shard) + 1), WAIT));
     let results = futures::future::join_all(sends).await;
     for (shard, r) in results.iter().enumerate() {
         match r {
@@ -482,7 +492,7 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
     config.append_calls_in_flight = 0;
     let unbatched = Transport::new(config);
     unbatched.peers().set(2, t.peers().addr(2).expect("addr"));
-    let sends = (0..10u32).map(|shard| unbatched.append_entries(2, shard, heartbeat(1), WAIT));
+    let sends = (0..10u32).map(|shard| unbatched.append_entries(2, shard, no_entries(1), WAIT));
     for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
         assert!(
             matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
@@ -496,7 +506,7 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
     t.peers().set(3, n.addr.clone());
     n.raft.initialize(BTreeMap::from([n.member()])).await.expect("initialize");
     must_agree_on_leader(&[&n], None).await;
-    let sends = (0..8u32).map(|shard| t.append_entries(3, shard, heartbeat(1), WAIT));
+    let sends = (0..8u32).map(|shard| t.append_entries(3, shard, no_entries(1), WAIT));
     let results = futures::future::join_all(sends).await;
     let answer = results[0].as_ref().expect("shard 0 is hosted on node 3");
     // Node 3 leads in a higher term than the stale heartbeat's: it says so rather than appending.
@@ -515,19 +525,10 @@ async fn test_appends_to_one_peer_share_calls_and_each_gets_its_own_answer() {
 async fn test_a_queue_longer_than_a_batch_leaves_in_batches_the_receiver_takes() {
     let peer = transport(2);
     let (addr, stop, server) = start_server(&peer).await;
-    let mut config = TransportConfig::new(1, secret(SECRET));
-    config.append_calls_in_flight = 1;
-    let t = Transport::new(config);
-    t.peers().set(2, addr);
-    let heartbeat = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
-        vote: openraft::impls::Vote::new_committed(1, 1),
-        prev_log_id: None,
-        entries: Vec::new(),
-        leader_commit: None,
-    };
+    let t = one_append_slot(&addr);
     // On one thread, every request is queued before the sender first runs.
     let n = wire::MAX_BATCH_ITEMS as u32 + 100;
-    let sends = (0..n).map(|shard| t.append_entries(2, shard, heartbeat(), WAIT));
+    let sends = (0..n).map(|shard| t.append_entries(2, shard, no_entries(1), WAIT));
     for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
         assert!(
             matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
@@ -543,16 +544,8 @@ async fn test_a_queue_longer_than_a_batch_leaves_in_batches_the_receiver_takes()
 async fn test_heartbeats_go_alone_and_replication_appends_share_calls() {
     let peer = transport(2);
     let (addr, stop, server) = start_server(&peer).await;
-    let mut config = TransportConfig::new(1, secret(SECRET));
-    config.append_calls_in_flight = 1;
-    let t = Transport::new(config);
+    let t = one_append_slot(&addr);
     let node = Node { addr };
-    let empty = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
-        vote: openraft::impls::Vote::new_committed(1, 1),
-        prev_log_id: None,
-        entries: Vec::new(),
-        leader_commit: None,
-    };
     let batches = || t.peers().get(2).map_or(0, |p| p.appends.batch_calls());
     // Thirty groups' heartbeat clients at once: each a call of its own, past the append queue, so
     // no batch takes a heartbeat's short deadline.
@@ -560,7 +553,7 @@ async fn test_heartbeats_go_alone_and_replication_appends_share_calls() {
     for shard in 0..30u32 {
         clients.push(NetworkFactory::new(ShardRouter::new(t.clone()), shard).new_heartbeat_client(2, &node).await);
     }
-    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, empty(), RPCOption::new(WAIT)));
+    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, no_entries(1), RPCOption::new(WAIT)));
     for r in futures::future::join_all(sends).await {
         assert!(matches!(r, Err(RPCError::Unreachable(_))), "shard not hosted there: {r:?}");
     }
@@ -570,7 +563,7 @@ async fn test_heartbeats_go_alone_and_replication_appends_share_calls() {
     for shard in 0..30u32 {
         clients.push(NetworkFactory::new(ShardRouter::new(t.clone()), shard).new_client(2, &node).await);
     }
-    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, empty(), RPCOption::new(WAIT)));
+    let sends = clients.iter_mut().map(|c| RaftNetworkV2::append_entries(c, no_entries(1), RPCOption::new(WAIT)));
     for r in futures::future::join_all(sends).await {
         assert!(matches!(r, Err(RPCError::Unreachable(_))), "shard not hosted there: {r:?}");
     }
@@ -631,22 +624,13 @@ async fn start_server_without_batches(t: &Transport) -> (String, JoinHandle<()>)
 async fn test_a_peer_without_the_batch_endpoint_gets_every_append_one_by_one() {
     let old = transport(2);
     let (addr, server) = start_server_without_batches(&old).await;
-    let mut config = TransportConfig::new(1, secret(SECRET));
-    config.append_calls_in_flight = 1;
-    let t = Transport::new(config);
-    t.peers().set(2, addr);
-    let heartbeat = || openraft::raft::AppendEntriesRequest::<TypeConfig> {
-        vote: openraft::impls::Vote::new_committed(1, 1),
-        prev_log_id: None,
-        entries: Vec::new(),
-        leader_commit: None,
-    };
+    let t = one_append_slot(&addr);
     // The first batches are refused; their requests, and every later one, go one by one and are
     // answered by the node itself (none of these shards is hosted there).
     let batches = || t.peers().get(2).expect("peer").appends.batch_calls();
     let mut tried = 0;
     for round in 0..3 {
-        let sends = (0..20u32).map(|shard| t.append_entries(2, shard, heartbeat(), WAIT));
+        let sends = (0..20u32).map(|shard| t.append_entries(2, shard, no_entries(1), WAIT));
         for (shard, r) in futures::future::join_all(sends).await.iter().enumerate() {
             assert!(
                 matches!(r, Err(TransportError::Remote { failure: RpcFailure::UnknownShard(s), .. }) if *s as usize == shard),
