@@ -87,7 +87,8 @@ impl AppendQueue {
     }
 
     /// What the next call carries: the requests whose callers still wait, up to `max_bytes` and
-    /// [`wire::MAX_BATCH_ITEMS`], the most a receiver takes (at least one). `None`, and the slot is given back, when nothing is queued.
+    /// [`wire::MAX_BATCH_ITEMS`], the most a receiver takes (at least one). `None`, and the slot is
+    /// given back, when nothing is queued.
     fn take(&self, max_bytes: usize) -> Option<(Vec<Queued>, bool)> {
         let mut s = self.state();
         let mut batch = Vec::new();
