@@ -75,6 +75,7 @@ pub async fn twin_changes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::JsonText;
     use crate::notify::{ChangeEvent, Source};
     use http_body_util::BodyExt;
 
@@ -93,7 +94,7 @@ mod tests {
             device_id: "d".into(),
             module_id: None,
             properties: vec![("deviceId", "d".into()), ("opType", "updateTwin".into())],
-            body: json!({"version": 3, "tags": {"t": "line\nbreak"}}),
+            body: JsonText::render(&json!({"version": 3, "tags": {"t": "line\nbreak"}})),
             merged: 2,
         };
         let resync = FeedItem::Resync { position: "abc-9".into(), reason: "gone".into() };

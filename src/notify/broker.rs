@@ -349,6 +349,7 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::JsonText;
     use crate::notify::Source;
 
     #[test]
@@ -359,7 +360,7 @@ mod tests {
             device_id: "a+b#c%d".into(),
             module_id: None,
             properties: vec![],
-            body: serde_json::json!({"version": 2}),
+            body: JsonText::render(&serde_json::json!({"version": 2})),
             merged: 1,
         };
         assert_eq!(topic_of(&e), "twin-changes/a%2Bb%23c%25d");

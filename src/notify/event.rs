@@ -10,7 +10,7 @@ use super::queue::Change;
 use super::{ChangeEvent, Source};
 use crate::ids::TwinId;
 use crate::model::time::format_ms;
-use crate::model::Event;
+use crate::model::{Event, JsonText};
 
 impl Source {
     /// `iothub-message-source`, also the SSE event name.
@@ -58,7 +58,7 @@ impl ChangeEvent {
     /// The twin `version` a twin change reflects (`None` for other events).
     pub fn version(&self) -> Option<i64> {
         match self.source {
-            Source::TwinChangeEvents => self.body.get("version").and_then(Value::as_i64),
+            Source::TwinChangeEvents => self.body.to_value().get("version").and_then(Value::as_i64),
             _ => None,
         }
     }
@@ -83,7 +83,7 @@ impl ChangeEvent {
 #[derive(serde::Serialize)]
 struct Wire<'a> {
     properties: Properties<'a>,
-    body: &'a Value,
+    body: &'a JsonText,
     merged: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     position: Option<&'a str>,
@@ -108,7 +108,7 @@ impl Serialize for Properties<'_> {
 pub struct Unplaced {
     pub event: ChangeEvent,
     pub kind: Kind,
-    /// JSON size of the body plus a little for the properties.
+    /// Bytes of the body's JSON text plus a little for the properties.
     pub size: usize,
 }
 
@@ -119,31 +119,10 @@ impl Unplaced {
         let mut event = self.event;
         event.position = position;
         if self.kind == Kind::Connection {
-            event.body = connection_body(seq);
+            event.body = JsonText::render(&connection_body(seq));
         }
         Change { seq, twin: event.twin_id(), kind: self.kind, size: self.size, event: Arc::new(event) }
     }
-}
-
-/// Counts bytes instead of keeping them.
-struct Counter(usize);
-
-impl std::io::Write for Counter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len();
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Size of a JSON value as serialised, without allocating it.
-pub fn json_size(v: &Value) -> usize {
-    let mut c = Counter(0);
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
 }
 
 /// The change event for a model event, or `None` for events that are not part of the change feed
@@ -155,11 +134,13 @@ pub fn change_of(event: Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> 
             let kind = if op_type == "replaceTwin" { Kind::Replace } else { Kind::Update };
             (id, Source::TwinChangeEvents, op_type, body, kind)
         }
-        Event::Lifecycle { id, op_type, body } => (id, Source::DeviceLifecycleEvents, op_type, body, Kind::Lifecycle),
+        Event::Lifecycle { id, op_type, body } => {
+            (id, Source::DeviceLifecycleEvents, op_type, JsonText::render(&body), Kind::Lifecycle)
+        }
         Event::Connection { id, connected } => {
             let op = if connected { "deviceConnected" } else { "deviceDisconnected" };
             // The body's sequence number is filled in with the feed position.
-            (id, Source::DeviceConnectionStateEvents, op.to_string(), Value::Null, Kind::Connection)
+            (id, Source::DeviceConnectionStateEvents, op.to_string(), JsonText::render(&Value::Null), Kind::Connection)
         }
         Event::DesiredPatch { .. } => return None,
     };
@@ -172,7 +153,7 @@ pub fn change_of(event: Event, hub_name: &str, now_ms: i64) -> Option<Unplaced> 
     properties.push(("operationTimestamp", format_ms(now_ms)));
     properties.push(("iothub-message-schema", source.schema().to_string()));
     properties.push(("opType", op_type));
-    let size = json_size(&body) + 256;
+    let size = body.as_str().len() + 256;
     Some(Unplaced {
         size,
         event: ChangeEvent {
@@ -203,7 +184,7 @@ mod tests {
         let e = Event::TwinChanged {
             id: TwinId::module("d1", "m1"),
             op_type: "updateTwin".into(),
-            body: json!({"version": 3, "tags": {"a": 1}}),
+            body: JsonText::render(&json!({"version": 3, "tags": {"a": 1}})),
             version: 3,
         };
         let u = change_of(e, "hub", 1_700_000_000_123).unwrap();
@@ -242,13 +223,16 @@ mod tests {
         assert_eq!((l.kind, l.event.source), (Kind::Lifecycle, Source::DeviceLifecycleEvents));
         assert_eq!(l.event.property("iothub-message-schema"), Some("deviceLifecycleNotification"));
 
-        let r =
-            Event::TwinChanged { id: TwinId::device("d"), op_type: "replaceTwin".into(), body: json!({}), version: 2 };
+        let r = Event::TwinChanged {
+            id: TwinId::device("d"),
+            op_type: "replaceTwin".into(),
+            body: JsonText::render(&json!({})),
+            version: 2,
+        };
         assert_eq!(change_of(r, "hub", 0).unwrap().kind, Kind::Replace);
         let p = Event::DesiredPatch { id: TwinId::device("d"), patch: json!({}), desired_version: 2 };
         assert!(change_of(p, "hub", 0).is_none());
         assert_eq!(connection_body(255)["sequenceNumber"].as_str().unwrap().len(), 64);
         assert!(connection_body(255)["sequenceNumber"].as_str().unwrap().ends_with("00FF"));
-        assert_eq!(json_size(&json!({"a": [1, "x"]})), r#"{"a":[1,"x"]}"#.len());
     }
 }

@@ -52,7 +52,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::ids::{ShardId, TwinId};
-use crate::model::Event;
+use crate::model::{Event, JsonText};
 use crate::shard::EventSink;
 
 use queue::{Change, FeedQueue, Offered, PushQueue};
@@ -240,7 +240,9 @@ pub struct ChangeEvent {
     pub module_id: Option<String>,
     /// Application properties: hubName, deviceId, moduleId, operationTimestamp, iothub-message-schema, opType.
     pub properties: Vec<(&'static str, String)>,
-    pub body: Value,
+    /// The body as JSON text: the feed keeps it, every consumer sends it as it is, and only coalescing
+    /// looks inside.
+    pub body: JsonText,
     /// How many committed changes this event carries.
     pub merged: u32,
 }

@@ -12,6 +12,7 @@ use super::coalesce::{check_patch, merge_change_body, merge_patch};
 use super::event::Kind;
 use super::{ChangeEvent, DesiredPush};
 use crate::ids::TwinId;
+use crate::model::JsonText;
 
 /// What happened to an offered item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,12 +203,13 @@ impl FeedQueue {
         if last.kind != Kind::Update {
             return None;
         }
-        let body = merge_change_body(&last.event.body, &change.event.body).ok()?;
+        // The only place a change body is looked inside: both are parsed, merged and written again.
+        let body = merge_change_body(&last.event.body.to_value(), &change.event.body.to_value()).ok()?;
         let carried = last.event.merged;
         self.pending.remove(&last_seq);
         let mut merged = (**change).clone();
         let event = Arc::make_mut(&mut merged.event);
-        event.body = body;
+        event.body = JsonText::render(&body);
         event.merged = event.merged.saturating_add(carried);
         if let Some(seqs) = self.changes.get_mut(&change.twin) {
             if let Some(l) = seqs.last_mut() {
@@ -315,7 +317,7 @@ mod tests {
                 device_id: twin.into(),
                 module_id: None,
                 properties: vec![],
-                body,
+                body: JsonText::render(&body),
                 merged: 1,
             }),
         })
@@ -327,7 +329,7 @@ mod tests {
 
     fn drain(q: &mut FeedQueue) -> Vec<(u64, String, Value, u32)> {
         std::iter::from_fn(|| q.take())
-            .map(|c| (c.seq, c.twin.device_id.clone(), c.event.body.clone(), c.event.merged))
+            .map(|c| (c.seq, c.twin.device_id.clone(), c.event.body.to_value(), c.event.merged))
             .collect()
     }
 
@@ -397,7 +399,7 @@ mod tests {
         q.offer(upd(1, "t", 2, json!({"a": 1})));
         assert_eq!(q.take().unwrap().seq, 1);
         assert_eq!(q.offer(upd(2, "t", 3, json!({"b": 1}))), Offered::Appended);
-        assert_eq!(q.take().unwrap().event.body, json!({"version": 3, "tags": {"b": 1}}));
+        assert_eq!(q.take().unwrap().event.body.to_value(), json!({"version": 3, "tags": {"b": 1}}));
     }
 
     #[test]

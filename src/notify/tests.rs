@@ -171,7 +171,9 @@ impl Consumer {
             Kind::Lifecycle => {
                 self.last_version.remove(&c.twin);
                 let doc = match c.event.property("opType") {
-                    Some("createDeviceIdentity") | Some("createModuleIdentity") => Some(Doc::of_twin(&c.event.body)),
+                    Some("createDeviceIdentity") | Some("createModuleIdentity") => {
+                        Some(Doc::of_twin(&c.event.body.to_value()))
+                    }
                     _ => None,
                 };
                 self.docs.insert(c.twin.clone(), doc);
@@ -194,9 +196,9 @@ impl Consumer {
                     return;
                 }
                 if c.kind == Kind::Replace {
-                    *doc = Doc::of_twin(&c.event.body);
+                    *doc = Doc::of_twin(&c.event.body.to_value());
                 } else {
-                    doc.apply_update(&c.event.body);
+                    doc.apply_update(&c.event.body.to_value());
                 }
             }
         }
@@ -416,7 +418,7 @@ fn tags_change(id: &TwinId, v: i64, tags: Value) -> Event {
     Event::TwinChanged {
         id: id.clone(),
         op_type: "updateTwin".into(),
-        body: json!({"version": v, "tags": tags}),
+        body: JsonText::render(&json!({"version": v, "tags": tags})),
         version: v,
     }
 }
@@ -517,12 +519,12 @@ async fn change_events_carry_iot_hub_properties_and_positions() {
     let t = next_event(&mut f).await;
     assert_eq!(t.source, Source::TwinChangeEvents);
     assert_eq!(t.property("iothub-message-schema"), Some("twinChangeNotification"));
-    assert_eq!(t.body, json!({"version": 2, "tags": {"a": 1}}));
+    assert_eq!(t.body.to_value(), json!({"version": 2, "tags": {"a": 1}}));
     let c = next_event(&mut f).await;
     assert_eq!(c.property("opType"), Some("deviceConnected"));
     let (epoch, seq) = c.position.rsplit_once('-').unwrap();
     assert_eq!(seq, "3", "the desired patch is not a feed event");
-    assert_eq!(c.body["sequenceNumber"], format!("{:064X}", 3));
+    assert_eq!(c.body.to_value()["sequenceNumber"], format!("{:064X}", 3));
     assert_eq!(l.position, format!("{epoch}-1"));
     assert_eq!(t.position, format!("{epoch}-2"));
     assert_eq!(hub.head(), c.position);
@@ -540,8 +542,8 @@ async fn busy_consumer_gets_one_merged_change_at_the_newest_position() {
     }
     let e = next_event(&mut f).await;
     assert_eq!(e.merged, 9);
-    assert_eq!(e.body["version"], 10);
-    assert_eq!(e.body["tags"].as_object().unwrap().len(), 9);
+    assert_eq!(e.body.to_value()["version"], 10);
+    assert_eq!(e.body.to_value()["tags"].as_object().unwrap().len(), 9);
     assert!(e.position.ends_with("-9"));
     assert_idle(f.next()).await;
 }
@@ -601,10 +603,10 @@ async fn resume_replays_exactly_what_followed_then_goes_live() {
     let mut resumed = hub.changes(Some(&p1));
     let a = next_event(&mut resumed).await;
     let b = next_event(&mut resumed).await;
-    assert_eq!((a.body["version"].clone(), b.body["version"].clone()), (json!(3), json!(4)));
+    assert_eq!((a.body.to_value()["version"].clone(), b.body.to_value()["version"].clone()), (json!(3), json!(4)));
     assert_eq!(a.merged + b.merged, 2, "replayed events are not coalesced");
     hub.publish(0, vec![tags_change(&d, 5, json!({"v": 5}))]);
-    assert_eq!(next_event(&mut resumed).await.body["version"], 5);
+    assert_eq!(next_event(&mut resumed).await.body.to_value()["version"], 5);
     assert_idle(resumed.next()).await;
     // The live consumer saw everything merged.
     assert_eq!(next_event(&mut first).await.merged, 4);
@@ -631,7 +633,7 @@ async fn foreign_stale_or_malformed_positions_resync_then_go_live() {
             other => panic!("{bad}: expected a resync, got {other:?}"),
         }
         hub.publish(0, vec![tags_change(&d, 100, json!({}))]);
-        assert_eq!(next_event(&mut f).await.body["version"], 100, "{bad}: live after the resync");
+        assert_eq!(next_event(&mut f).await.body.to_value()["version"], 100, "{bad}: live after the resync");
     }
     // The oldest retained position still resumes.
     let oldest = hub.head().rsplit_once('-').unwrap().1.parse::<u64>().unwrap() - 3;
@@ -692,9 +694,9 @@ async fn events_from_a_real_model_run_have_the_versions_they_reflect() {
     let create = next_event(&mut f).await;
     assert_eq!(create.property("opType"), Some("createDeviceIdentity"));
     let upd = next_event(&mut f).await;
-    assert_eq!(upd.body["version"], 2);
-    assert_eq!(upd.body["properties"]["desired"]["$version"], 2);
-    assert_eq!(upd.body["properties"]["desired"]["x"], 1);
+    assert_eq!(upd.body.to_value()["version"], 2);
+    assert_eq!(upd.body.to_value()["properties"]["desired"]["$version"], 2);
+    assert_eq!(upd.body.to_value()["properties"]["desired"]["x"], 1);
     let push = next_push(&mut p).await.unwrap();
     assert_eq!(serde_json::from_slice::<Value>(&push.body).unwrap(), json!({"x": 1, "$version": 2}));
 }
@@ -711,7 +713,7 @@ async fn the_ring_is_bounded_by_bytes_too() {
     let mut old = hub.changes(Some(&format!("{epoch}-5")));
     assert!(matches!(next_item(&mut old).await, Some(FeedItem::Resync { .. })));
     let mut recent = hub.changes(Some(&format!("{epoch}-15")));
-    assert_eq!(next_event(&mut recent).await.body["version"], 17);
+    assert_eq!(next_event(&mut recent).await.body.to_value()["version"], 17);
 }
 
 #[tokio::test]
@@ -749,11 +751,11 @@ async fn a_consumer_that_cannot_be_heard_skips_changes_until_someone_listens() {
     listening.store(true, Ordering::SeqCst);
     hub.publish(0, vec![tags_change(&b, 2, json!({"k": 2}))]);
     let e = next_event(&mut f).await;
-    assert_eq!(e.body["tags"], json!({"k": 2}), "only what was published while listening");
+    assert_eq!(e.body.to_value()["tags"], json!({"k": 2}), "only what was published while listening");
     assert!(e.position.ends_with("-2"), "positions still count every change: {}", e.position);
     // Other consumers saw both.
-    assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 1}));
-    assert_eq!(next_event(&mut all).await.body["tags"], json!({"k": 2}));
+    assert_eq!(next_event(&mut all).await.body.to_value()["tags"], json!({"k": 1}));
+    assert_eq!(next_event(&mut all).await.body.to_value()["tags"], json!({"k": 2}));
 }
 
 #[tokio::test]

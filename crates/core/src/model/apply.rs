@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use super::change::{SectionChange, UpdateBody};
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
 use super::doc::{replace_diff, Node};
 use super::error::TwinError;
@@ -16,7 +17,7 @@ use super::validate::{
     check_size, parse_json, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
     MAX_REPORTED_SIZE, MAX_TAGS_SIZE,
 };
-use super::{Event, Reply, ShardState, MAX_MODULES_PER_DEVICE};
+use super::{Event, JsonText, Reply, ShardState, MAX_MODULES_PER_DEVICE};
 use crate::ids::TwinId;
 
 type Outcome = Result<Reply, TwinError>;
@@ -523,25 +524,18 @@ impl ShardState {
         if quiet {
             return Ok(());
         }
-        let mut change = Map::new();
-        change.insert("version".into(), Value::from(version));
-        if let Some(p) = &tags_patch {
-            change.insert("tags".into(), Value::Object(p.clone().into_owned()));
-        }
-        if let Some(p) = &desired_patch {
-            let mut section = p.clone().into_owned();
-            section.insert("$metadata".into(), twin.desired.root().patch_metadata(p, true));
-            section.insert("$version".into(), Value::from(desired_version));
-            let mut props = Map::new();
-            props.insert("desired".into(), Value::Object(section));
-            change.insert("properties".into(), Value::Object(props));
-        }
-        events.push(Event::TwinChanged {
-            id: id.clone(),
-            op_type: "updateTwin".into(),
-            body: Value::Object(change),
+        let body = JsonText::of(&UpdateBody {
             version,
+            tags: tags_patch.as_deref(),
+            properties: desired_patch.as_deref().map(|patch| SectionChange {
+                name: "desired",
+                patch,
+                node: twin.desired.root(),
+                version: desired_version,
+                with_version: true,
+            }),
         });
+        events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body, version });
         if let Some(p) = desired_patch {
             events.push(Event::DesiredPatch {
                 id: id.clone(),
@@ -587,8 +581,9 @@ impl ShardState {
         twin.desired = desired;
         let reply = self.twin_text(id)?;
         if !self.quiet {
-            let full = self.twin(id)?;
-            events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body: full, version });
+            // The full twin: the document the reply already is.
+            let body = reply.clone();
+            events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body, version });
             events.push(Event::DesiredPatch {
                 id: id.clone(),
                 patch: with_version(diff, desired_version),
@@ -617,20 +612,18 @@ impl ShardState {
         if quiet {
             return Ok(Reply::Reported { version: reported_version });
         }
-        let mut section = patch.clone();
-        section.insert("$metadata".into(), twin.reported.root().patch_metadata(patch, false));
-        section.insert("$version".into(), Value::from(reported_version));
-        let mut props = Map::new();
-        props.insert("reported".into(), Value::Object(section));
-        let mut change = Map::new();
-        change.insert("version".into(), Value::from(version));
-        change.insert("properties".into(), Value::Object(props));
-        events.push(Event::TwinChanged {
-            id: id.clone(),
-            op_type: "updateTwin".into(),
-            body: Value::Object(change),
+        let body = JsonText::of(&UpdateBody {
             version,
+            tags: None,
+            properties: Some(SectionChange {
+                name: "reported",
+                patch,
+                node: twin.reported.root(),
+                version: reported_version,
+                with_version: false,
+            }),
         });
+        events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body, version });
         Ok(Reply::Reported { version: reported_version })
     }
 

@@ -9,6 +9,7 @@ mod apply;
 pub mod backup;
 pub mod bulk;
 pub mod certificates;
+mod change;
 pub mod command;
 pub mod config;
 mod dedupe;
@@ -88,8 +89,9 @@ pub enum Reply {
 pub enum Event {
     /// A change to tags, desired or reported: `body` is IoT Hub's twinChangeNotification body
     /// (`{"version", "tags"?, "properties": {"desired"|"reported": {patch with nulls, "$metadata", "$version"}}}`)
-    /// for `updateTwin`, or the full twin for `replaceTwin`.
-    TwinChanged { id: TwinId, op_type: String, body: Value, version: i64 },
+    /// for `updateTwin`, or the full twin for `replaceTwin`. Kept as text: the change feed stores and
+    /// sends it as it is, and looks inside only to coalesce two pending changes.
+    TwinChanged { id: TwinId, op_type: String, body: JsonText, version: i64 },
     /// What a connected device receives on `$iothub/twin/PATCH/properties/desired/?$version=n`: the
     /// patch (for a replace, the difference with `null` for removed keys) plus `"$version"`.
     DesiredPatch { id: TwinId, patch: Value, desired_version: i64 },

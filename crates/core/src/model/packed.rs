@@ -328,22 +328,10 @@ impl<'a> NodeRef<'a> {
         to_value(&Metadata { node: *self, with_version })
     }
 
-    /// `$metadata` restricted to what a patch touched (twin change events carry only that).
-    pub fn patch_metadata(&self, patch: &Map<String, Value>, with_version: bool) -> Value {
-        let mut m = match to_value(&Stamp { node: *self, with_version }) {
-            Value::Object(m) => m,
-            _ => Map::new(),
-        };
-        for (k, pv) in patch {
-            if let Some(n) = self.child(k) {
-                let meta = match pv {
-                    Value::Object(pm) if n.is_object() => n.patch_metadata(pm, with_version),
-                    _ => n.metadata(with_version),
-                };
-                m.insert(k.clone(), meta);
-            }
-        }
-        Value::Object(m)
+    /// `$metadata` restricted to what `patch` touched (twin change events carry only that), as a
+    /// view that serializes it.
+    pub fn patch_metadata<'p>(&self, patch: &'p Map<String, Value>, with_version: bool) -> PatchMetadata<'a, 'p> {
+        PatchMetadata { node: *self, patch, with_version }
     }
 
     /// A section as IoT Hub renders it: members, then `$metadata`, then `$version`.
@@ -451,6 +439,33 @@ impl Serialize for Metadata<'_> {
         Stamp { node: self.node, with_version: self.with_version }.entries(&mut map)?;
         for (k, n) in self.node.members() {
             map.serialize_entry(k, &Metadata { node: n, with_version: self.with_version })?;
+        }
+        map.end()
+    }
+}
+
+/// `$metadata` of the members a merge patch named, as its node holds them after the merge: the
+/// node's own stamp, then for each patched key still present its metadata (recursing where both the
+/// patch and the node hold an object). Keys the patch deleted have none. Patch keys never start with
+/// `$` (validation refuses it), so they cannot collide with the stamp's members.
+pub struct PatchMetadata<'a, 'p> {
+    node: NodeRef<'a>,
+    patch: &'p Map<String, Value>,
+    with_version: bool,
+}
+
+impl Serialize for PatchMetadata<'_, '_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        Stamp { node: self.node, with_version: self.with_version }.entries(&mut map)?;
+        for (k, pv) in self.patch {
+            let Some(n) = self.node.child(k) else { continue };
+            match pv {
+                Value::Object(pm) if n.is_object() => {
+                    map.serialize_entry(k, &n.patch_metadata(pm, self.with_version))?
+                }
+                _ => map.serialize_entry(k, &Metadata { node: n, with_version: self.with_version })?,
+            }
         }
         map.end()
     }

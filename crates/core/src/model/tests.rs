@@ -647,13 +647,15 @@ fn update_emits_twin_changed_and_desired_patch() {
             assert_eq!(id, &dev());
             assert_eq!(op_type, "updateTwin");
             assert_eq!(*version, 2);
+            // Byte for byte, member order included: the feed sends this text as it is.
             assert_eq!(
-                body,
-                &json!({"version": 2, "tags": {"t": 1}, "properties": {"desired": {
+                body.as_str(),
+                json!({"version": 2, "tags": {"t": 1}, "properties": {"desired": {
                     "interval": 5, "gone": null,
                     "$metadata": {"$lastUpdated": ts, "$lastUpdatedVersion": 2,
                                   "interval": {"$lastUpdated": ts, "$lastUpdatedVersion": 2}},
                     "$version": 2}}})
+                .to_string()
             );
         }
         other => panic!("unexpected {other:?}"),
@@ -669,6 +671,36 @@ fn update_emits_twin_changed_and_desired_patch() {
 }
 
 #[test]
+fn change_body_carries_the_metadata_of_what_a_nested_patch_touched() {
+    let mut f = Fixture::with_device("d1");
+    f.patch(&dev(), json!({"properties": {"desired": {"a": {"x": 1, "y": {"z": 2}}, "b": 1, "s": [1, 2]}}}));
+    let first = f.clock;
+    let a = f.patch(
+        &dev(),
+        json!({"properties": {"desired": {"a": {"y": {"w": "new"}, "x": null}, "c": {"d": true}, "s": "t", "b": null}}}),
+    );
+    let (t1, t2) = (time::format_ms(first), time::format_ms(f.clock));
+    let Some(Event::TwinChanged { body, version, .. }) = a.events.first() else { panic!("{:?}", a.events) };
+    assert_eq!(*version, 3);
+    // Patch members in the patch's order; `$metadata` only for keys still present, recursing where
+    // both the patch and the twin hold an object, the whole subtree's metadata elsewhere.
+    let want = json!({"version": 3, "properties": {"desired": {
+        "a": {"y": {"w": "new"}, "x": null}, "c": {"d": true}, "s": "t", "b": null,
+        "$metadata": {
+            "$lastUpdated": t2, "$lastUpdatedVersion": 3,
+            "a": {"$lastUpdated": t2, "$lastUpdatedVersion": 3,
+                  "y": {"$lastUpdated": t2, "$lastUpdatedVersion": 3,
+                        "w": {"$lastUpdated": t2, "$lastUpdatedVersion": 3}}},
+            "c": {"$lastUpdated": t2, "$lastUpdatedVersion": 3, "d": {"$lastUpdated": t2, "$lastUpdatedVersion": 3}},
+            "s": {"$lastUpdated": t2, "$lastUpdatedVersion": 3}},
+        "$version": 3}}});
+    assert_eq!(body.as_str(), want.to_string());
+    // The untouched leaf kept its own stamp in the twin, which the event does not repeat.
+    let twin = f.twin(&dev());
+    assert_eq!(twin["properties"]["desired"]["$metadata"]["a"]["y"]["z"]["$lastUpdated"], json!(t1));
+}
+
+#[test]
 fn reported_change_event_carries_nulls() {
     let mut f = Fixture::with_device("d1");
     f.report(&dev(), json!({"testContent": "x"}));
@@ -677,7 +709,7 @@ fn reported_change_event_carries_nulls() {
         Event::TwinChanged { body, .. } => Some(body.clone()),
         _ => None,
     });
-    let body = body.unwrap_or_default();
+    let body = body.map(|b| b.to_value()).unwrap_or_default();
     assert_eq!(body["properties"]["reported"]["testContent"], Value::Null);
     assert!(body["properties"]["reported"].as_object().is_some_and(|m| m.contains_key("testContent")));
     assert_eq!(body["properties"]["reported"]["$version"], json!(3));
