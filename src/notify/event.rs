@@ -55,7 +55,8 @@ impl ChangeEvent {
         self.properties.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
 
-    /// The twin `version` a twin change reflects (`None` for other events).
+    /// The twin `version` a twin change reflects (`None` for other events). Parses the body: for tests
+    /// and tools, not for the feed's own paths, which never look inside a body they do not merge.
     pub fn version(&self) -> Option<i64> {
         match self.source {
             Source::TwinChangeEvents => self.body.to_value().get("version").and_then(Value::as_i64),
