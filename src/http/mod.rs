@@ -29,6 +29,7 @@ use axum::routing::get;
 use axum::Router;
 
 use crate::auth::{Permission, Policies};
+use crate::model::JsonText;
 use crate::twin::Twins;
 
 pub use error::ApiError;
@@ -83,8 +84,9 @@ pub fn ok_json(body: &serde_json::Value) -> Response {
 }
 
 /// A 200 with a document already rendered as JSON text.
-pub fn ok_json_text(body: &str) -> Response {
-    let mut resp = (StatusCode::OK, body.to_owned()).into_response();
+pub fn ok_json_text(body: JsonText) -> Response {
+    // The body is the shared text itself (a reference count), not a copy of it.
+    let mut resp = (StatusCode::OK, axum::body::Bytes::from_owner(body)).into_response();
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
     resp
 }

@@ -49,7 +49,7 @@ async fn write(
         Op::UpdateTwin { id: id.clone(), patch_json: json, if_match }
     };
     let twin = propose(&st, &id, Command::new(op, now_ms())).await?.into_twin()?;
-    Ok(super::ok_json_text(twin.as_str()))
+    Ok(super::ok_json_text(twin))
 }
 
 pub async fn get_twin(

@@ -63,6 +63,17 @@ pub struct Twins {
     follower_reads: bool,
 }
 
+/// Room for a forwarded call's answer: a twin document of a kilobyte or two and its envelope.
+const ANSWER_ROOM: usize = 4 << 10;
+
+/// A forwarded call's answer as JSON, in a buffer sized up front: grown from serde_json's 128 bytes,
+/// every answered write cost several reallocations and copies of its twin document.
+fn answer(r: &impl serde::Serialize) -> Result<bytes::Bytes, CallError> {
+    let mut out = Vec::with_capacity(ANSWER_ROOM);
+    serde_json::to_writer(&mut out, r).map_err(|e| CallError(e.to_string()))?;
+    Ok(out.into())
+}
+
 impl Twins {
     /// Must be called inside a tokio runtime: it starts the idle sweeper. With a `transport`, it also
     /// answers the writes other nodes forward here.
@@ -79,7 +90,7 @@ impl Twins {
                     // Never forwarded again from here: if this node lost the lead meanwhile, the caller
                     // hears NotLeader and routes anew (no ping-pong between two stale views).
                     let r = registry.write(&id, cmd).await;
-                    serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
+                    answer(&r)
                 }
             });
         }
@@ -96,7 +107,7 @@ impl Twins {
                         async move { registry.write(&id, cmd).await }
                     });
                     let r: Vec<Result<Applied, ShardError>> = futures::future::join_all(runs).await;
-                    serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
+                    answer(&r)
                 }
             });
         }
@@ -113,7 +124,7 @@ impl Twins {
                         Some(s) => read::run_linearized(&s, op).await,
                         None => Err(ShardError::NotLeader { shard, leader: None }),
                     };
-                    serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
+                    answer(&r)
                 }
             });
         }

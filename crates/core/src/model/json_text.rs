@@ -5,6 +5,7 @@
 //! nodes: as text, each of those is a reference count, where a `serde_json::Value` was a deep clone, a
 //! serialization and, after forwarding, a parse and a second serialization.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -13,6 +14,14 @@ use serde::ser::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
+
+/// The largest render buffer a thread keeps between renders: a rare huge document's buffer is
+/// dropped after it, so that every thread does not hold the largest document it ever rendered.
+const SCRATCH_KEEP: usize = 64 << 10;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// JSON text, known to be one valid JSON value. Serializes as that value (not as a string), so a
 /// message that carries it looks the same on the wire as one that carried the parsed document.
@@ -27,8 +36,27 @@ impl JsonText {
 
     /// Renders anything serde can write as JSON. Callers pass documents and views whose map keys are
     /// strings, which cannot fail; `null` stands in if one ever did.
+    ///
+    /// The text is written into a buffer the thread keeps, then copied once into its shared
+    /// allocation. `serde_json::to_string` starts at 128 bytes and doubles, so a twin document of a
+    /// kilobyte or two was three or four reallocations and copies, then one more copy into the `Arc`;
+    /// every replica renders one per twin write.
     pub fn of(doc: &impl Serialize) -> JsonText {
-        JsonText(serde_json::to_string(doc).unwrap_or_else(|_| "null".into()).into())
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => {
+                buf.clear();
+                let text = match serde_json::to_writer(&mut *buf, doc) {
+                    Ok(()) => std::str::from_utf8(&buf).map(Arc::from).unwrap_or_else(|_| Arc::from("null")),
+                    Err(_) => Arc::from("null"),
+                };
+                if buf.capacity() > SCRATCH_KEEP {
+                    *buf = Vec::new();
+                }
+                JsonText(text)
+            }
+            // Only if a `Serialize` impl rendered JSON text itself while being rendered.
+            Err(_) => JsonText(serde_json::to_string(doc).unwrap_or_else(|_| "null".into()).into()),
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -44,6 +72,13 @@ impl JsonText {
     /// The parsed document (tests, snapshots, and the rare caller that needs to look inside).
     pub fn to_value(&self) -> Value {
         serde_json::from_str(&self.0).unwrap_or(Value::Null)
+    }
+}
+
+/// The text's bytes, so the shared text can be a response body as it is.
+impl AsRef<[u8]> for JsonText {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 }
 
@@ -84,5 +119,23 @@ mod tests {
         let back: Option<JsonText> = serde_json::from_str(&wire).unwrap();
         assert_eq!(back.unwrap().to_value(), doc);
         assert_eq!(text.to_value(), doc);
+    }
+
+    /// A document rendered while another is being rendered (a view that embeds a rendering of its
+    /// own) gets its own buffer; a huge document's buffer is not kept, and what follows it is whole.
+    #[test]
+    fn renders_nested_and_after_a_huge_document_are_whole() {
+        struct Nested;
+        impl Serialize for Nested {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let inner = JsonText::of(&json!({"inner": [1, 2, 3]}));
+                (json!({"outer": true}), inner).serialize(s)
+            }
+        }
+        assert_eq!(JsonText::of(&Nested).as_str(), r#"[{"outer":true},{"inner":[1,2,3]}]"#);
+        let huge = json!({"pad": "x".repeat(SCRATCH_KEEP * 2)});
+        assert_eq!(JsonText::of(&huge).to_value(), huge);
+        SCRATCH.with(|b| assert!(b.borrow().capacity() <= SCRATCH_KEEP, "kept a huge buffer"));
+        assert_eq!(JsonText::of(&json!({"a": "b"})).as_str(), r#"{"a":"b"}"#);
     }
 }
