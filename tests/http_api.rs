@@ -539,6 +539,21 @@ async fn twin_shape_merge_null_and_metadata() {
     );
     assert_eq!(reported_version(&after), 1);
 
+    // The body goes to the replicas as it was sent: any JSON spelling of a patch applies as the
+    // document it parses to (whitespace, \u escapes, a key given twice where the last one counts).
+    let spelled = "\n{ \"properties\" :\t{\"desired\": {\"sp\\u0065lled\": {\"k\": 1}, \"sp\\u0065lled\": \
+                   {\"k\": 2.50, \"t\": \"\\u00e9\\n\"}}}}  \r\n";
+    let r = api.send_raw("PATCH", "/twins/t1", Some(spelled.as_bytes().to_vec()), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let want: Value = serde_json::from_str(r#"{"k": 2.50, "t": "\u00e9\n"}"#).expect("literal");
+    assert_eq!(r.json()["properties"]["desired"]["spelled"], want, "{}", r.text);
+    let g = api.must_get_twin("t1").await;
+    assert_eq!(user_props(&g["properties"]["desired"]), json!({"spelled": want}));
+    assert_eq!(g["properties"]["desired"]["spelled"]["k"].to_string(), "2.50", "the number's text is kept");
+    let r = api.send_raw("PATCH", "/twins/t1", Some(b"{\"tags\": {\"x\": 1},}".to_vec()), &[]).await;
+    assert_error(&r, 400, ARGUMENT_INVALID);
+    assert!(r.text.contains("malformed JSON body"), "{}", r.text);
+
     // Etags seen so far are all distinct.
     let mut seen = vec![e0, e1, e2, etag_of(&t3), etag_of(&t4), etag_of(&t5), etag_of(&t6)];
     let n = seen.len();

@@ -38,8 +38,7 @@ async fn write(
     if let Some(m) = &id.module_id {
         validate_id("module", m)?;
     }
-    let doc = body::json(raw, "Twin")?;
-    let json = serde_json::to_string(&doc).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let (doc, json) = body::json_and_text(raw, "Twin")?;
     let if_match = if_match(&headers);
     let op = if replace {
         validate_twin_replace(&doc)?;
