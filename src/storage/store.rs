@@ -61,8 +61,11 @@ pub fn meta_key(shard: ShardId, key: MetaKey) -> Vec<u8> {
     k
 }
 
+/// A record as postcard bytes, written out with one allocation of its size (see
+/// [`twinhub_core::scratch`]): every log entry passes here on every replica.
 pub fn encode<T: Serialize>(v: &T) -> io::Result<Vec<u8>> {
-    postcard::to_allocvec(v).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("encode: {e}")))
+    twinhub_core::scratch::postcard_vec(v)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("encode: {e}")))
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> io::Result<T> {

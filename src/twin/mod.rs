@@ -209,7 +209,7 @@ impl Twins {
         node: NodeId,
         writes: &[&(TwinId, Command)],
     ) -> Option<Vec<Result<Applied, ShardError>>> {
-        let body = postcard::to_allocvec(writes).ok()?;
+        let body = twinhub_core::scratch::postcard_vec(writes).ok()?;
         forwarded().increment(writes.len() as u64);
         match t.call(node, Call::TwinWrites, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice(&answer).ok(),
@@ -222,7 +222,8 @@ impl Twins {
 
     async fn forward(&self, t: &Transport, leader: u64, id: &TwinId, cmd: &Command) -> Result<Applied, ShardError> {
         let shard = self.shards.shard_of(&id.device_id);
-        let body = postcard::to_allocvec(&(id, cmd)).map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
+        let body = twinhub_core::scratch::postcard_vec(&(id, cmd))
+            .map_err(|e| ShardError::Fatal { shard, msg: e.to_string() })?;
         forwarded().increment(1);
         match t.call(leader, Call::TwinWrite, body.into(), Some(FORWARD_TIMEOUT)).await {
             Ok(answer) => serde_json::from_slice::<Result<Applied, ShardError>>(&answer)

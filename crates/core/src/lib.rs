@@ -9,6 +9,8 @@
 //! - [`cluster`]: the cluster map (members, target placement) kept by the metadata group, and the
 //!   placement of shard replicas on nodes.
 //! - [`ids`]: device, module and twin identifiers, and which shard a device hashes to.
+//! - [`scratch`]: a buffer each thread keeps, so messages of unknown size are written out with one
+//!   allocation.
 //!
 //! The server crate (`twinhub`) puts this core behind Raft, actors and the front doors; it is the
 //! only place that knows about time, storage and sockets.
@@ -19,5 +21,6 @@ pub mod cluster;
 pub mod ids;
 pub mod model;
 pub mod query;
+pub mod scratch;
 
 pub use ids::{NodeId, ShardId, TwinId};

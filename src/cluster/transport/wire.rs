@@ -327,8 +327,10 @@ impl RpcFailure {
     }
 }
 
+/// A message as postcard bytes, written out with one allocation of its size (see
+/// [`twinhub_core::scratch`]): every Raft request and answer between nodes passes here.
 pub fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(v)
+    twinhub_core::scratch::postcard_vec(v)
 }
 
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {

@@ -5,7 +5,6 @@
 //! nodes: as text, each of those is a reference count, where a `serde_json::Value` was a deep clone, a
 //! serialization and, after forwarding, a parse and a second serialization.
 
-use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -14,14 +13,6 @@ use serde::ser::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
-
-/// The largest render buffer a thread keeps between renders: a rare huge document's buffer is
-/// dropped after it, so that every thread does not hold the largest document it ever rendered.
-const SCRATCH_KEEP: usize = 64 << 10;
-
-thread_local! {
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
 
 /// JSON text, known to be one valid JSON value. Serializes as that value (not as a string), so a
 /// message that carries it looks the same on the wire as one that carried the parsed document.
@@ -42,20 +33,9 @@ impl JsonText {
     /// kilobyte or two was three or four reallocations and copies, then one more copy into the `Arc`;
     /// every replica renders one per twin write.
     pub fn of(doc: &impl Serialize) -> JsonText {
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut buf) => {
-                buf.clear();
-                let text = match serde_json::to_writer(&mut *buf, doc) {
-                    Ok(()) => std::str::from_utf8(&buf).map(Arc::from).unwrap_or_else(|_| Arc::from("null")),
-                    Err(_) => Arc::from("null"),
-                };
-                if buf.capacity() > SCRATCH_KEEP {
-                    *buf = Vec::new();
-                }
-                JsonText(text)
-            }
-            // Only if a `Serialize` impl rendered JSON text itself while being rendered.
-            Err(_) => JsonText(serde_json::to_string(doc).unwrap_or_else(|_| "null".into()).into()),
+        crate::scratch::with_buffer(|buf| match serde_json::to_writer(&mut *buf, doc) {
+            Ok(()) => JsonText(std::str::from_utf8(buf).map(Arc::from).unwrap_or_else(|_| Arc::from("null"))),
+            Err(_) => JsonText(Arc::from("null")),
         })
     }
 
@@ -133,9 +113,9 @@ mod tests {
             }
         }
         assert_eq!(JsonText::of(&Nested).as_str(), r#"[{"outer":true},{"inner":[1,2,3]}]"#);
-        let huge = json!({"pad": "x".repeat(SCRATCH_KEEP * 2)});
+        let huge = json!({"pad": "x".repeat(crate::scratch::KEEP * 2)});
         assert_eq!(JsonText::of(&huge).to_value(), huge);
-        SCRATCH.with(|b| assert!(b.borrow().capacity() <= SCRATCH_KEEP, "kept a huge buffer"));
+        assert!(crate::scratch::kept_capacity() <= crate::scratch::KEEP, "kept a huge buffer");
         assert_eq!(JsonText::of(&json!({"a": "b"})).as_str(), r#"{"a":"b"}"#);
     }
 }
