@@ -9,7 +9,8 @@
 //! never a later document that another write produced. Only a retry arriving after that window has
 //! moved on gets the entity's current document.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Serialize, Serializer};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -84,8 +85,8 @@ type ById<V> = HashMap<RequestId, V, BuildHasherDefault<FoldId>>;
 /// replica. A hash map does that in one probe; a B-tree of ten thousand random 128-bit ids walks
 /// several nodes that are rarely in cache, which the write path's profile showed as 3.5 % of the
 /// nodes' CPU. Nothing iterates the maps, so their order cannot make replicas differ.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(from = "Vec<(RequestId, Remembered)>", into = "Vec<(RequestId, Remembered)>")]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "Vec<(RequestId, Remembered)>")]
 pub struct Dedupe {
     order: VecDeque<RequestId>,
     outcomes: ById<Remembered>,
@@ -107,6 +108,7 @@ impl Dedupe {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.order.len()
     }
@@ -120,8 +122,8 @@ pub const REPLY_BYTES: usize = 4 << 20;
 /// replica), bounded by [`REPLY_BYTES`] and by [`DEDUPE_WINDOW`] entries. Part of the snapshot.
 /// Kept as JSON text: a parsed document costs several times its text in memory, and a reply is read
 /// back only when a retry arrives.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(from = "Vec<(RequestId, JsonText)>", into = "Vec<(RequestId, JsonText)>")]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(from = "Vec<(RequestId, JsonText)>")]
 pub struct RecentReplies {
     order: VecDeque<(RequestId, usize)>,
     docs: ById<JsonText>,
@@ -129,6 +131,11 @@ pub struct RecentReplies {
 }
 
 impl RecentReplies {
+    /// The window oldest first, as snapshots hold it.
+    pub fn in_order(&self) -> impl Iterator<Item = (RequestId, &JsonText)> + Clone {
+        self.order.iter().filter_map(|(id, _)| self.docs.get(id).map(|doc| (*id, doc)))
+    }
+
     pub fn get(&self, id: &RequestId) -> Option<JsonText> {
         self.docs.get(id).cloned()
     }
@@ -160,10 +167,11 @@ impl From<Vec<(RequestId, JsonText)>> for RecentReplies {
     }
 }
 
-/// In a snapshot the documents are embedded as JSON values (the text itself, not re-rendered).
-impl From<RecentReplies> for Vec<(RequestId, JsonText)> {
-    fn from(mut r: RecentReplies) -> Self {
-        r.order.iter().filter_map(|(id, _)| r.docs.remove(id).map(|d| (*id, d))).collect()
+/// As the list of `(request id, document)` pairs, oldest first, that [`From`] reads back; the
+/// documents are embedded as JSON values (the text itself, not re-rendered).
+impl Serialize for RecentReplies {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_in_order(s, self.in_order())
     }
 }
 
@@ -177,10 +185,26 @@ impl From<Vec<(RequestId, Remembered)>> for Dedupe {
     }
 }
 
-impl From<Dedupe> for Vec<(RequestId, Remembered)> {
-    fn from(mut d: Dedupe) -> Self {
-        d.order.iter().filter_map(|id| d.outcomes.remove(id).map(|o| (*id, o))).collect()
+/// As the list of `(request id, outcome)` pairs, oldest first, that [`From`] reads back.
+impl Serialize for Dedupe {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serialize_in_order(s, self.order.iter().filter_map(|id| self.outcomes.get(id).map(|o| (*id, o))))
     }
+}
+
+/// Writes a window's pairs as a sequence, read from the window itself. Snapshots write both windows
+/// (ten thousand entries each): turned into a list first, as serde's `into` does, each was copied
+/// whole and then taken apart entry by entry, which cost more than the rest of a snapshot's state.
+/// A sequence must say its length first, so the pairs are counted, then written.
+fn serialize_in_order<S: Serializer, T: Serialize>(
+    s: S,
+    pairs: impl Iterator<Item = (RequestId, T)> + Clone,
+) -> Result<S::Ok, S::Error> {
+    let mut seq = s.serialize_seq(Some(pairs.clone().count()))?;
+    for pair in pairs {
+        seq.serialize_element(&pair)?;
+    }
+    seq.end()
 }
 
 #[cfg(test)]
@@ -196,8 +220,32 @@ mod tests {
         }
         assert!(r.get(&RequestId(0)).is_none() && r.get(&RequestId(1)).is_none(), "oldest evicted");
         assert_eq!(r.get(&RequestId(5)).map(|t| t.to_value()), Some(doc.clone()));
-        let back: RecentReplies = Vec::from(r.clone()).into();
-        assert_eq!(back, r);
+        assert_eq!(round_trips(&r), r);
+    }
+
+    /// Through JSON, as snapshots hold the windows (in the state's JSON part, or the replies' text
+    /// beside it); they are written as the plain list of pairs older snapshots hold.
+    fn round_trips<W>(window: &W) -> W
+    where
+        W: Serialize + serde::de::DeserializeOwned,
+    {
+        serde_json::from_str(&serde_json::to_string(window).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn windows_are_written_as_their_lists_of_pairs() {
+        let mut d = Dedupe::default();
+        d.remember(RequestId(3), Remembered::Twin(TwinId::device("d")));
+        d.remember(RequestId(1), Remembered::Reported(7));
+        let list = vec![(RequestId(3), Remembered::Twin(TwinId::device("d"))), (RequestId(1), Remembered::Reported(7))];
+        assert_eq!(postcard::to_allocvec(&d).unwrap(), postcard::to_allocvec(&list).unwrap());
+        assert_eq!(serde_json::to_string(&d).unwrap(), serde_json::to_string(&list).unwrap());
+        let mut r = RecentReplies::default();
+        r.remember(RequestId(9), JsonText::render(&serde_json::json!({"a": [1, "b"]})));
+        let list = vec![(RequestId(9), serde_json::json!({"a": [1, "b"]}))];
+        assert_eq!(serde_json::to_string(&r).unwrap(), serde_json::to_string(&list).unwrap());
+        assert_eq!(round_trips(&r), r);
+        assert_eq!(round_trips(&d), d);
     }
 
     #[test]
@@ -222,7 +270,6 @@ mod tests {
         assert_eq!(d.len(), DEDUPE_WINDOW);
         assert!(d.get(&RequestId(4)).is_none());
         assert_eq!(d.get(&RequestId(5)), Some(&Remembered::Reported(5)));
-        let back: Dedupe = Vec::from(d.clone()).into();
-        assert_eq!(back, d);
+        assert_eq!(round_trips(&d), d);
     }
 }

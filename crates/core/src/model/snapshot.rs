@@ -90,9 +90,9 @@ impl SnapshotImage {
         out.clear();
         let mut state = self.0;
         let devices = std::mem::take(&mut state.devices);
-        let replies: Vec<(RequestId, JsonText)> = std::mem::take(&mut state.replies).into();
+        let window = std::mem::take(&mut state.replies);
         let Ok(rest) = serde_json::to_string(&state) else { return };
-        let replies = replies.iter().map(|(id, doc)| (*id, doc.as_str())).collect();
+        let replies = window.in_order().map(|(id, doc)| (id, doc.as_str())).collect();
         out.extend_from_slice(BINARY_TAG);
         if postcard::to_io(&Binary { rest: &rest, replies, devices }, &mut *out).is_err() {
             out.clear();
