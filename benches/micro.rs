@@ -191,6 +191,7 @@ fn render(c: &mut Criterion) {
 /// A shard's snapshot as a bulk-loaded 1M fleet has it at its first snapshot (40,000 twins of a
 /// 16-shard fleet, each with three tags and a 200-byte desired value): the image taken, encoded into
 /// a buffer of its size, and that written to a file (without fsync). Each iteration writes a new file.
+/// Then a small shard whose retry windows are full, as steady writes leave them.
 fn snapshot(c: &mut Criterion) {
     let mut state = ShardState::default();
     for first in (0..40_000).step_by(100) {
@@ -210,6 +211,24 @@ fn snapshot(c: &mut Criterion) {
             std::fs::write(&path, &data).expect("write");
         })
     });
+    g.finish();
+
+    // A shard as the write-path compare leaves it (1,250 twins, one of 8 shards of a 10,000-twin
+    // fleet) after 10,000 twin writes: both retry windows are full (ten thousand outcomes, 4 MiB of
+    // replies), and at that size they are most of what a snapshot copies and writes.
+    let mut state = ShardState::default();
+    for d in 0..1_250 {
+        assert!(state.apply(&device(&format!("device-{d:06}"))).result.is_ok());
+    }
+    for n in 0..10_000u64 {
+        assert!(state.apply(&update(&format!("device-{:06}", n % 1_250), 10, n)).result.is_ok());
+    }
+    let size = state.encode_snapshot().len();
+    let mut g = c.benchmark_group("snapshot_after_10k_writes");
+    g.sample_size(20);
+    g.throughput(Throughput::Bytes(size as u64));
+    g.bench_function("image", |b| b.iter(|| state.snapshot_image()));
+    g.bench_function("encode", |b| b.iter(|| state.snapshot_image().encode(size)));
     g.finish();
 }
 
