@@ -13,6 +13,7 @@ use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use super::command::RequestId;
 use super::error::TwinError;
@@ -29,7 +30,7 @@ pub enum Remembered {
     Reported(i64),
     Device(String),
     Module(String, String),
-    Twin(TwinId),
+    Twin(WrittenTwin),
     /// A job command: answered with the job as it is now.
     Job(String),
     /// A bulk registry command: each entry's outcome.
@@ -48,6 +49,27 @@ pub enum Remembered {
     /// a fleet load is, remembered in one word instead of an outcome per entry, for each of the
     /// window's thousands of commands on every shard.
     BulkDone(usize),
+}
+
+/// The twin a remembered twin write wrote. Written exactly as a [`TwinId`] is, so snapshots read and
+/// write it as they always have; held as the shard's own shared device key, so that copying the window
+/// for a snapshot (ten thousand outcomes, nearly all twin writes under a write load) and dropping the
+/// copy touch reference counts instead of allocating and freeing a string each.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename = "TwinId")]
+pub struct WrittenTwin {
+    device_id: Arc<str>,
+    module_id: Option<Arc<str>>,
+}
+
+impl WrittenTwin {
+    pub fn new(device_id: Arc<str>, module_id: Option<&str>) -> WrittenTwin {
+        WrittenTwin { device_id, module_id: module_id.map(Arc::from) }
+    }
+
+    pub fn to_id(&self) -> TwinId {
+        TwinId { device_id: self.device_id.to_string(), module_id: self.module_id.as_deref().map(str::to_string) }
+    }
 }
 
 /// Hashes a [`RequestId`] by folding its two halves into one word. The ids are random (version 4
@@ -235,11 +257,30 @@ mod tests {
     #[test]
     fn windows_are_written_as_their_lists_of_pairs() {
         let mut d = Dedupe::default();
-        d.remember(RequestId(3), Remembered::Twin(TwinId::device("d")));
+        let twin = |m: Option<&str>| Remembered::Twin(WrittenTwin::new(Arc::from("d"), m));
+        d.remember(RequestId(3), twin(None));
         d.remember(RequestId(1), Remembered::Reported(7));
-        let list = vec![(RequestId(3), Remembered::Twin(TwinId::device("d"))), (RequestId(1), Remembered::Reported(7))];
+        d.remember(RequestId(4), twin(Some("m")));
+        let list =
+            vec![(RequestId(3), twin(None)), (RequestId(1), Remembered::Reported(7)), (RequestId(4), twin(Some("m")))];
         assert_eq!(postcard::to_allocvec(&d).unwrap(), postcard::to_allocvec(&list).unwrap());
         assert_eq!(serde_json::to_string(&d).unwrap(), serde_json::to_string(&list).unwrap());
+        // A written twin is written as the twin id it names, so older snapshots read as they did.
+        #[derive(Serialize)]
+        enum Before {
+            #[serde(rename = "Twin")]
+            Twin(TwinId),
+        }
+        let ids = [TwinId::device("d"), TwinId::module("d", "m")];
+        let before = |i: usize| Before::Twin(ids[i].clone());
+        assert_eq!(serde_json::to_string(&twin(None)).unwrap(), serde_json::to_string(&before(0)).unwrap());
+        assert_eq!(serde_json::to_string(&twin(Some("m"))).unwrap(), serde_json::to_string(&before(1)).unwrap());
+        let read: Remembered = serde_json::from_str(&serde_json::to_string(&before(1)).unwrap()).unwrap();
+        assert_eq!(read, twin(Some("m")));
+        match read {
+            Remembered::Twin(t) => assert_eq!(t.to_id(), ids[1]),
+            other => panic!("{other:?}"),
+        }
         let mut r = RecentReplies::default();
         r.remember(RequestId(9), JsonText::render(&serde_json::json!({"a": [1, "b"]})));
         let list = vec![(RequestId(9), serde_json::json!({"a": [1, "b"]}))];

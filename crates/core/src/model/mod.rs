@@ -46,7 +46,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use dedupe::{Dedupe, RecentReplies, Remembered};
+use dedupe::{Dedupe, RecentReplies, Remembered, WrittenTwin};
 use registry::DeviceEntry;
 
 use crate::ids::TwinId;
@@ -237,7 +237,7 @@ impl ShardState {
             // Only `apply_batch` builds this reply, and it answers without coming here.
             Ok(Reply::Batch(_)) => Remembered::Done,
             Ok(Reply::Twin(_)) => match &cmd.op {
-                Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(id.clone()),
+                Op::UpdateTwin { id, .. } | Op::ReplaceTwin { id, .. } => Remembered::Twin(self.written_twin(id)),
                 _ => Remembered::Done,
             },
         };
@@ -246,6 +246,15 @@ impl ShardState {
         }
         self.dedupe.remember(cmd.request_id, remembered);
         Applied { result, events }
+    }
+
+    /// The twin a write just wrote, for the dedupe window, naming its device by the shard's own key.
+    fn written_twin(&self, id: &TwinId) -> WrittenTwin {
+        let device = match self.devices.get_key_value(id.device_id.as_str()) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(id.device_id.as_str()),
+        };
+        WrittenTwin::new(device, id.module_id.as_deref())
     }
 
     /// Applies each command of a batch as if it had an entry of its own, in order; the events of all
@@ -282,7 +291,7 @@ impl ShardState {
                 self.device(d).map(Reply::Device).ok_or_else(|| TwinError::DeviceNotFound(d.clone()))
             }
             Remembered::Module(d, m) => self.module(d, m).map(Reply::Module),
-            Remembered::Twin(id) => self.twin_text(id).map(Reply::Twin),
+            Remembered::Twin(t) => self.twin_text(&t.to_id()).map(Reply::Twin),
             Remembered::Job(id) => self
                 .jobs
                 .jobs
