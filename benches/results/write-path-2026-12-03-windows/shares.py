@@ -1,0 +1,29 @@
+#!/usr/bin/env python3
+"""shares.py FOLDED.gz...: the share of all node samples whose stack passes through each cost this
+section changed (one column per profile)."""
+import gzip, re, sys
+
+COSTS = {
+    "dedupe windows: remember (both windows)": r"dedupe::(Dedupe|RecentReplies)::remember",
+    "SipHash (every caller)": r"sip::Hasher",
+    "front door: twin body written out again": r"http::twins::write::.*serde_json::ser::to_string",
+    "postcard encodes (log entries, inter-node messages)": r"storage::store::encode|transport::wire::encode|postcard::ser::to_allocvec|scratch::postcard_vec",
+    "snapshot builds (all)": r"build_snapshot",
+    "snapshot: copying the dedupe windows": r"dedupe::(Dedupe|RecentReplies) as core::clone",
+    "snapshot: writing the dedupe windows": r"dedupe::_::<impl serde_core::ser::Serialize|dedupe::serialize_in_order",
+}
+
+cols = []
+for path in sys.argv[1:]:
+    total, hits = 0, dict.fromkeys(COSTS, 0)
+    for line in gzip.open(path, "rt"):
+        stack, n = line.rsplit(" ", 1)
+        total += int(n)
+        for name, pat in COSTS.items():
+            if re.search(pat, stack):
+                hits[name] += int(n)
+    cols.append((path, total, hits))
+print("| cost | " + " | ".join(f"{p.split('/')[-1]} ({t:,} samples)" for p, t, _ in cols) + " |")
+print("| --- |" + " ---: |" * len(cols))
+for name in COSTS:
+    print(f"| {name} | " + " | ".join(f"{100 * h[name] / t:.2f} %" for _, t, h in cols) + " |")
