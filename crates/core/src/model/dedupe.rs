@@ -215,9 +215,9 @@ impl Serialize for Dedupe {
 }
 
 /// Writes a window's pairs as a sequence, read from the window itself. Snapshots write both windows
-/// (ten thousand entries each): turned into a list first, as serde's `into` does, each was copied
-/// whole and then taken apart entry by entry, which cost more than the rest of a snapshot's state.
-/// A sequence must say its length first, so the pairs are counted, then written.
+/// (ten thousand entries each); turned into a list first, as serde's `into` does, each window was
+/// copied whole and then taken apart entry by entry. A sequence must say its length first, so the
+/// pairs are counted, then written.
 fn serialize_in_order<S: Serializer, T: Serialize>(
     s: S,
     pairs: impl Iterator<Item = (RequestId, T)> + Clone,
