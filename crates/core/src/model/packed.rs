@@ -506,7 +506,7 @@ pub(super) fn with_node_layout<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Human-readable formats (JSON backups, JSON snapshots) carry the tree; binary ones carry the
-/// packed bytes (or the tree, inside [`with_node_layout`]).
+/// packed bytes (or the tree, inside `with_node_layout`).
 impl Serialize for Packed {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() || NODE_LAYOUT.with(Cell::get) {
