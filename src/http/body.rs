@@ -9,8 +9,11 @@ use super::{ApiError, BODY_LIMIT};
 
 /// Parses a JSON body. An empty body is an error naming what was expected.
 pub fn json(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Value, ApiError> {
-    let bytes = bytes(body, what)?;
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+    parse(&bytes(body, what)?)
+}
+
+fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
 }
 
 /// Parses a JSON body and keeps its text: a twin write checks the parsed document and hands the text
@@ -18,7 +21,7 @@ pub fn json(body: Result<Bytes, BytesRejection>, what: &str) -> Result<Value, Ap
 /// themselves, so any JSON spelling of the same document applies alike).
 pub fn json_and_text(body: Result<Bytes, BytesRejection>, what: &str) -> Result<(Value, String), ApiError> {
     let bytes = bytes(body, what)?;
-    let doc = serde_json::from_slice(&bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))?;
+    let doc = parse(&bytes)?;
     // A document serde_json read from these bytes is UTF-8: JSON outside strings is ASCII, and its
     // strings were checked as they were read. The check here is the one `String` needs.
     let text = String::from_utf8(Vec::from(bytes))
