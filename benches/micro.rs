@@ -251,5 +251,30 @@ fn sections(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, sas, validate, codec, apply, render, snapshot, sections);
+/// A desired patch merged into a section that took 50 patches of 10 leaves: unpacked into a tree,
+/// merged and packed again (how every replica merged before), against written straight from the
+/// packed bytes (what apply does now). Both give the same bytes (a unit test checks).
+fn merge(c: &mut Criterion) {
+    use twinhub::model::Packed;
+    let section = |v: Value| v["properties"]["desired"].as_object().cloned().unwrap_or_default();
+    let mut packed = Packed::empty_section();
+    for round in 0..50 {
+        packed = packed.merged(&section(patch(10, round)), T0 + round as i64, round as i64 + 2);
+    }
+    let mut g = c.benchmark_group("merge_section");
+    for keys in [1usize, 10] {
+        let p = section(patch(keys, 99));
+        g.bench_function(format!("{keys}_leaves_tree"), |b| {
+            b.iter(|| {
+                let mut tree = black_box(&packed).unpack();
+                tree.merge(&p, T0 + 99, 101);
+                Packed::pack(&tree)
+            })
+        });
+        g.bench_function(format!("{keys}_leaves_in_place"), |b| b.iter(|| black_box(&packed).merged(&p, T0 + 99, 101)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, sas, validate, codec, apply, render, snapshot, sections, merge);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! The twin document tree: tags, desired and reported sections as nodes that each hold their value
 //! and the `$lastUpdated` (and, for desired, `$lastUpdatedVersion`) that IoT Hub reports in `$metadata`.
-//! This is the form a section takes while a write changes it (built from a body, merged with a patch);
-//! at rest, and for every read, a shard holds it packed ([`super::packed`]).
+//! This is the form a section takes while a replace builds it from a body; at rest, and for every
+//! read, a shard holds it packed ([`super::packed`]), and a patch is merged into the packed form.
 //!
 //! Arrays are leaves, as in IoT Hub: their elements carry no metadata of their own.
 
@@ -90,6 +90,8 @@ impl Node {
 
     /// Recursive merge of an object patch: `null` removes a key, objects merge into objects, anything
     /// else replaces. Every object the patch names is stamped, so removals show in `$lastUpdated`.
+    /// Writes use [`super::packed::Packed::merged`], which gives the packed bytes of this merge without
+    /// building the tree; this is its reference (the tests compare the two).
     pub fn merge(&mut self, patch: &Map<String, Value>, at: i64, version: i64) {
         self.updated = at;
         self.updated_version = version;

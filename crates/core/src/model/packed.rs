@@ -5,8 +5,8 @@
 //! sections of a twin with three tags and a 200-byte desired value, against about 310 packed
 //! (`cargo bench --bench twin_bytes`).
 //!
-//! Writes unpack the section into a [`Node`] tree, merge, and pack it again: a write touches one twin,
-//! while every twin of the fleet is held, and reads (renders, queries, the tag index) walk the packed
+//! A patch is merged straight from the packed bytes into new ones ([`Packed::merged`]), and a replace
+//! packs the [`Node`] tree built from its body; reads (renders, queries, the tag index) walk the packed
 //! bytes without building anything.
 //!
 //! Layout of a node, always read from a slice that holds exactly it:
@@ -79,11 +79,15 @@ impl Packed {
     }
 
     /// The section with an object patch merged in ([`Node::merge`]), every node it names stamped
-    /// `at`/`version`.
+    /// `at`/`version`: written straight from the packed bytes and the patch, the same bytes as
+    /// unpacking, merging and packing again would give. Members the patch does not name are copied
+    /// as they are (only their stamp is written out where their parent's changed), so a write to one
+    /// leaf of a twin builds no tree of the rest of it: on every replica, for every twin write.
     pub fn merged(&self, patch: &Map<String, Value>, at: i64, version: i64) -> Packed {
-        let mut node = self.unpack();
-        node.merge(patch, at, version);
-        Packed::pack(&node)
+        crate::scratch::with_buffer(|out| {
+            write_merged(out, self.root(), patch, (at, version), None);
+            Packed(Box::from(out.as_slice()))
+        })
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -152,25 +156,110 @@ fn write_node(out: &mut Vec<u8>, node: &Node, parent: Option<(i64, i64)>) {
         NodeValue::Array(a) => (ARRAY, Some(a.to_string().into())),
     };
     let stamp = (node.updated, node.updated_version);
+    write_head(out, kind, stamp, parent);
+    if let Some(text) = text {
+        out.extend_from_slice(text.as_bytes());
+    }
+    for (key, child) in node.members() {
+        write_member(out, key, |out| write_node(out, child, Some(stamp)));
+    }
+}
+
+/// Writes `old` with `patch` merged in, as [`Node::merge`] does: members keep their order, those the
+/// patch names are replaced, merged (an object into an object) or removed (`null`), and the names it
+/// adds follow in the patch's order. The node is stamped `stamp`, as is everything the patch names.
+fn write_merged(
+    out: &mut Vec<u8>,
+    old: NodeRef<'_>,
+    patch: &Map<String, Value>,
+    stamp: (i64, i64),
+    parent: Option<(i64, i64)>,
+) {
+    write_head(out, OBJECT, stamp, parent);
+    // Which of the patch's members name a member `old` has (by position in the patch), for patches of
+    // up to 64 members; larger ones look the names up again below.
+    let mut named = 0u64;
+    // Not an object before (a leaf the patch turns into an object): it has no members to keep.
+    let mut rest = if old.is_object() { old.body } else { &[] };
+    while let Some((key, node, after)) = member(rest) {
+        rest = after;
+        let child = NodeRef::read(node, (old.updated, old.updated_version)).unwrap_or(NodeRef::EMPTY);
+        let found = patch.iter().enumerate().find(|(_, (k, _))| k.as_bytes() == key);
+        if let Some((i, _)) = found {
+            named |= 1u64.checked_shl(i as u32).unwrap_or(0);
+        }
+        let key = std::str::from_utf8(key).unwrap_or_default();
+        match found.map(|(_, (_, v))| v) {
+            None => write_member(out, key, |out| copy_node(out, child, stamp)),
+            Some(Value::Null) => {}
+            Some(Value::Object(p)) if child.is_object() => {
+                write_member(out, key, |out| write_merged(out, child, p, stamp, Some(stamp)))
+            }
+            Some(v) => write_member(out, key, |out| write_value(out, v, stamp, stamp)),
+        }
+    }
+    for (i, (key, v)) in patch.iter().enumerate() {
+        let is_named = if i < 64 { named & (1 << i) != 0 } else { old.child(key).is_some() };
+        if !v.is_null() && !is_named {
+            write_member(out, key, |out| write_value(out, v, stamp, stamp));
+        }
+    }
+}
+
+/// A node's flags byte, and its stamp unless it is its parent's.
+fn write_head(out: &mut Vec<u8>, kind: u8, stamp: (i64, i64), parent: Option<(i64, i64)>) {
     let own = parent != Some(stamp);
     out.push(kind | if own { OWN_STAMP } else { 0 });
     if own {
         write_signed(out, stamp.0);
         write_signed(out, stamp.1);
     }
-    if let Some(text) = text {
-        out.extend_from_slice(text.as_bytes());
-    }
-    for (key, child) in node.members() {
-        write_varint(out, key.len() as u64);
-        out.extend_from_slice(key.as_bytes());
-        // The child's length is known only once it is written: reserve one byte, which fits most
-        // children, and move the child if its length needs more.
-        let at = out.len();
-        out.push(0);
-        write_node(out, child, Some(stamp));
-        let (prefix, n) = varint_bytes((out.len() - at - 1) as u64);
-        out.splice(at..at + 1, prefix[..n].iter().copied());
+}
+
+/// One member of an object: the key, then the node `write` writes, prefixed with its length.
+fn write_member(out: &mut Vec<u8>, key: &str, write: impl FnOnce(&mut Vec<u8>)) {
+    write_varint(out, key.len() as u64);
+    out.extend_from_slice(key.as_bytes());
+    // The node's length is known only once it is written: reserve one byte, which fits most nodes,
+    // and move the node if its length needs more.
+    let at = out.len();
+    out.push(0);
+    write(out);
+    let (prefix, n) = varint_bytes((out.len() - at - 1) as u64);
+    out.splice(at..at + 1, prefix[..n].iter().copied());
+}
+
+/// A node kept as it is under a parent whose stamp may have changed: its own stamp is written out if
+/// it now differs from the parent's; its payload, and with it every stamp below, is copied.
+fn copy_node(out: &mut Vec<u8>, node: NodeRef<'_>, parent: (i64, i64)) {
+    write_head(out, node.kind, (node.updated, node.updated_version), Some(parent));
+    out.extend_from_slice(node.body);
+}
+
+/// A patch value as a new node stamped `stamp` ([`Node::from_value`]); the caller skips `null`.
+fn write_value(out: &mut Vec<u8>, v: &Value, stamp: (i64, i64), parent: (i64, i64)) {
+    match v {
+        Value::Object(m) => {
+            write_head(out, OBJECT, stamp, Some(parent));
+            for (key, v) in m.iter().filter(|(_, v)| !v.is_null()) {
+                write_member(out, key, |out| write_value(out, v, stamp, stamp));
+            }
+        }
+        Value::Bool(b) => write_head(out, if *b { TRUE } else { FALSE }, stamp, Some(parent)),
+        Value::Number(n) => {
+            write_head(out, NUMBER, stamp, Some(parent));
+            out.extend_from_slice(n.to_string().as_bytes());
+        }
+        Value::String(s) => {
+            write_head(out, STRING, stamp, Some(parent));
+            out.extend_from_slice(s.as_bytes());
+        }
+        Value::Array(_) => {
+            write_head(out, ARRAY, stamp, Some(parent));
+            out.extend_from_slice(v.to_string().as_bytes());
+        }
+        // Never written: a `null` member means "absent" (the callers skip it).
+        Value::Null => {}
     }
 }
 
@@ -573,6 +662,86 @@ mod tests {
 
     fn n_value(n: &Node) -> Value {
         Packed::pack(n).root().to_value()
+    }
+
+    /// A small xorshift generator: the same cases on every run, no dependency.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+
+        /// A value whose objects draw their keys from four names, so that patches meet existing
+        /// members, replace leaves with objects and objects with leaves, and remove what is there.
+        fn value(&mut self, depth: u32) -> Value {
+            match self.below(if depth == 0 { 6 } else { 8 }) {
+                0 => Value::Null,
+                1 => Value::Bool(self.below(2) == 1),
+                2 => serde_json::from_str(["1", "-2.50", "1e3", "4503599627370497"][self.below(4) as usize])
+                    .unwrap_or(Value::Null),
+                3 => Value::String(["", "x", "é\u{1}", "long text"][self.below(4) as usize].into()),
+                4 => json!([1, {"a": null}, "s"]),
+                5 => json!({}),
+                _ => {
+                    let mut m = Map::new();
+                    for _ in 0..self.below(5) {
+                        m.insert(["a", "b", "c", "d"][self.below(4) as usize].into(), self.value(depth - 1));
+                    }
+                    Value::Object(m)
+                }
+            }
+        }
+
+        fn patch(&mut self) -> Map<String, Value> {
+            match self.value(3) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            }
+        }
+    }
+
+    #[test]
+    fn merged_in_place_equals_unpack_merge_pack() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for case in 0..5_000 {
+            let mut p = Packed::empty_section();
+            // Stamps from a small set, so that a patch's stamp is often one a kept member already has.
+            for _ in 0..rng.below(4) + 1 {
+                let (patch, at, version) = (rng.patch(), 1_000 * rng.below(3) as i64, rng.below(3) as i64);
+                let mut tree = p.unpack();
+                tree.merge(&patch, at, version);
+                let want = Packed::pack(&tree);
+                let got = p.merged(&patch, at, version);
+                assert_eq!(got.as_bytes(), want.as_bytes(), "case {case}: {:?} merged with {patch:?}", p.unpack());
+                assert_eq!(Packed::from_bytes(got.as_bytes().to_vec()).as_ref(), Ok(&got));
+                p = got;
+            }
+        }
+    }
+
+    #[test]
+    fn merged_members_over_127_bytes_get_longer_prefixes() {
+        let p = Packed::pack(&section(json!({"a": {"s": "x".repeat(300), "t": 1}, "b": 2}), 5, 0));
+        let patch = json!({"a": {"t": 2, "u": "y".repeat(200)}, "c": {"d": "z".repeat(130)}});
+        let patch = patch.as_object().cloned().unwrap_or_default();
+        let mut tree = p.unpack();
+        tree.merge(&patch, 9, 1);
+        assert_eq!(p.merged(&patch, 9, 1), Packed::pack(&tree));
+    }
+
+    #[test]
+    fn merged_patches_of_more_than_64_members() {
+        let old: Map<String, Value> = (0..100).step_by(3).map(|i| (format!("k{i}"), json!(i))).collect();
+        let p = Packed::pack(&Node::section_from_map(&old, 5, 1));
+        let patch: Map<String, Value> =
+            (0..90).map(|i| (format!("k{i}"), if i % 7 == 0 { Value::Null } else { json!({"v": i}) })).collect();
+        let mut tree = p.unpack();
+        tree.merge(&patch, 9, 2);
+        assert_eq!(p.merged(&patch, 9, 2), Packed::pack(&tree));
     }
 
     #[test]
