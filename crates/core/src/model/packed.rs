@@ -468,8 +468,10 @@ impl Serialize for Plain<'_> {
         match self.0.value() {
             ValueRef::Object => MembersOf(self.0).serialize(s),
             ValueRef::Bool(b) => s.serialize_bool(b),
-            ValueRef::Number(n) => match n.parse::<Number>() {
-                Ok(n) => n.serialize(s),
+            // The number's text written as it is: a `Number` parsed from it would copy it into a
+            // string of its own first (arbitrary precision) only to write the same text out again.
+            ValueRef::Number(n) => match serde_json::from_str::<&serde_json::value::RawValue>(n) {
+                Ok(raw) => raw.serialize(s),
                 Err(_) => s.serialize_unit(),
             },
             ValueRef::String(text) => s.serialize_str(text),
