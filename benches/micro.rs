@@ -251,7 +251,8 @@ fn sections(c: &mut Criterion) {
     g.finish();
 }
 
-/// A desired patch merged into a section that took 50 patches of 10 leaves: unpacked into a tree,
+/// A desired patch of 1, 10 or 100 leaves merged into a section that took 50 patches of 10 leaves (a
+/// patch of 100 adds 90 of its leaves, the others replace): unpacked into a tree,
 /// merged and packed again (how every replica merged before), against written straight from the
 /// packed bytes (what apply does now). Both give the same bytes (a unit test checks).
 fn merge(c: &mut Criterion) {
@@ -262,7 +263,7 @@ fn merge(c: &mut Criterion) {
         packed = packed.merged(&section(patch(10, round)), T0 + round as i64, round as i64 + 2);
     }
     let mut g = c.benchmark_group("merge_section");
-    for keys in [1usize, 10] {
+    for keys in [1usize, 10, 100] {
         let p = section(patch(keys, 99));
         g.bench_function(format!("{keys}_leaves_tree"), |b| {
             b.iter(|| {

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""shares.py FOLDED.gz...: the share of all node samples whose stack passes through each cost this
-section changed (one column per profile)."""
+"""shares.py [--costs merge] FOLDED.gz...: the share of all node samples whose stack passes through each
+cost this section changed (one column per profile); `--costs merge`: the costs the 2026-12-03 last
+section changed instead."""
 import gzip, re, sys
 
 COSTS = {
@@ -13,8 +14,21 @@ COSTS = {
     "snapshot: writing the dedupe windows": r"dedupe::_::<impl serde_core::ser::Serialize|dedupe::serialize_in_order",
 }
 
+MERGE = {
+    "merging a patch into a section (Packed::merged)": r"Packed::merged",
+    "sections unpacked into trees (NodeRef::to_node)": r"NodeRef::to_node",
+    "numbers parsed to be rendered (Number from text, under a twin render)": r"render_text.*FromStr for serde_json::number::Number",
+    "rendering the twin a write answers (twin_text)": r"ShardState::twin_text",
+    "parsing the patch text (validate::parse_json)": r"validate::parse_json",
+    "state machine apply, all (openraft's state machine worker)": r"openraft::core::sm::worker",
+}
+
+args = sys.argv[1:]
+if args[:2] == ["--costs", "merge"]:
+    COSTS, args = MERGE, args[2:]
+
 cols = []
-for path in sys.argv[1:]:
+for path in args:
     total, hits = 0, dict.fromkeys(COSTS, 0)
     for line in gzip.open(path, "rt"):
         stack, n = line.rsplit(" ", 1)
