@@ -213,9 +213,9 @@ fn snapshot(c: &mut Criterion) {
     });
     g.finish();
 
-    // A shard as the write-path compare leaves it (1,250 twins, one of 8 shards of a 10,000-twin
-    // fleet) after 10,000 twin writes: both retry windows are full (ten thousand outcomes, 4 MiB of
-    // replies), and at that size they are most of what a snapshot copies and writes.
+    // A small shard after 10,000 twin writes (1,250 twins: one of 8 shards of a 10,000-twin fleet; the
+    // compare's default of 3 shards holds about 3,333 each): both retry windows are full (ten thousand
+    // outcomes, 4 MiB of replies), and at that size they are most of what a snapshot copies and writes.
     let mut state = ShardState::default();
     for d in 0..1_250 {
         assert!(state.apply(&device(&format!("device-{d:06}"))).result.is_ok());
