@@ -170,9 +170,11 @@ fn apply(c: &mut Criterion) {
     g.finish();
 }
 
-/// The document a twin write answers, for a twin that took 50 patches of 10 leaves: built as a JSON
-/// tree then written as text (how every replica rendered it before), against written straight from
-/// the packed twin as text (what apply does now). Both give the same bytes (a unit test checks).
+/// The document a twin write answers, for a twin that took 50 patches of 10 leaves and for one shaped
+/// like the compare's (one desired member holding a 200-byte value of three members): built as a JSON
+/// tree then written as text (how every replica rendered it first), written through serde straight
+/// from the packed twin (how it did until the text writers), and written by the text writers (what
+/// apply does now). All three give the same bytes (the model tests check).
 fn render(c: &mut Criterion) {
     let mut g = c.benchmark_group("render_twin");
     let mut state = ShardState::default();
@@ -180,11 +182,22 @@ fn render(c: &mut Criterion) {
     for round in 0..50 {
         assert!(state.apply(&update("device-000042", 10, round)).result.is_ok());
     }
-    let id = TwinId::device("device-000042");
-    g.bench_function("tree_then_text", |b| {
-        b.iter(|| twinhub::model::JsonText::render(&state.twin(black_box(&id)).expect("twin")))
-    });
-    g.bench_function("text", |b| b.iter(|| state.twin_text(black_box(&id)).expect("twin")));
+    assert!(state.apply(&device("device-000043")).result.is_ok());
+    let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(5);
+    let value = format!(r#"{{"seq":7,"ts":1795000000000000,"pad":"{}"}}"#, &pad[..167]);
+    let patch_json = format!(r#"{{"properties":{{"desired":{{"fb":{value}}}}}}}"#);
+    let op = Op::UpdateTwin { id: TwinId::device("device-000043"), patch_json, if_match: None };
+    assert!(state.apply(&Command::new(op, T0)).result.is_ok());
+    for (name, id) in [("50x10_leaves", TwinId::device("device-000042")), ("compare", TwinId::device("device-000043"))]
+    {
+        g.bench_function(format!("{name}/tree_then_text"), |b| {
+            b.iter(|| twinhub::model::JsonText::render(&state.twin(black_box(&id)).expect("twin")))
+        });
+        g.bench_function(format!("{name}/serde_text"), |b| {
+            b.iter(|| state.twin_text_via_serde(black_box(&id)).expect("twin"))
+        });
+        g.bench_function(format!("{name}/text"), |b| b.iter(|| state.twin_text(black_box(&id)).expect("twin")));
+    }
     g.finish();
 }
 

@@ -33,7 +33,13 @@ impl JsonText {
     /// kilobyte or two was three or four reallocations and copies, then one more copy into the `Arc`;
     /// every replica renders one per twin write.
     pub fn of(doc: &impl Serialize) -> JsonText {
-        crate::scratch::with_buffer(|buf| match serde_json::to_writer(&mut *buf, doc) {
+        JsonText::written(|buf| serde_json::to_writer(buf, doc))
+    }
+
+    /// The text `write` writes, which must be one JSON value (the writers that render a twin without
+    /// serde, [`JsonText::of`] through it); `null` if it fails.
+    pub(crate) fn written(write: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>) -> JsonText {
+        crate::scratch::with_buffer(|buf| match write(&mut *buf) {
             Ok(()) => JsonText(std::str::from_utf8(buf).map(Arc::from).unwrap_or_else(|_| Arc::from("null"))),
             Err(_) => JsonText(Arc::from("null")),
         })

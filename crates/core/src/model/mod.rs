@@ -409,6 +409,13 @@ impl ShardState {
         self.twin_ref(id).map(|t| t.render_text())
     }
 
+    /// [`ShardState::twin_text`] written through serde, as it was before the text writers: the
+    /// reference they are checked against (the model tests) and measured against (`render_twin` in
+    /// the micro benches).
+    pub fn twin_text_via_serde(&self, id: &TwinId) -> Result<JsonText, TwinError> {
+        self.twin_ref(id).map(|t| t.render_text_via_serde())
+    }
+
     fn twin_ref<'a>(&'a self, id: &'a TwinId) -> Result<TwinRef<'a>, TwinError> {
         let device = self.device_entry(&id.device_id)?;
         let module = match &id.module_id {

@@ -328,9 +328,17 @@ impl<'a> Iterator for Members<'a> {
     type Item = (&'a str, NodeRef<'a>);
 
     fn next(&mut self) -> Option<Self::Item> {
+        let (key, node) = self.next_raw()?;
+        Some((std::str::from_utf8(key).unwrap_or_default(), node))
+    }
+}
+
+impl<'a> Members<'a> {
+    /// The next member with its name as bytes: the text writers copy names out as they are, as the
+    /// bytes were checked to be UTF-8 when the section was built or read ([`Packed::from_bytes`]).
+    fn next_raw(&mut self) -> Option<(&'a [u8], NodeRef<'a>)> {
         let (key, node, rest) = member(self.rest)?;
         self.rest = rest;
-        let key = std::str::from_utf8(key).unwrap_or_default();
         Some((key, NodeRef::read(node, self.stamp).unwrap_or(NodeRef::EMPTY)))
     }
 }
@@ -582,6 +590,125 @@ impl Serialize for Section<'_> {
     }
 }
 
+// The same views written straight as JSON text, without serde: the twin a write answers is rendered
+// on every replica, and through serde most of that was its generic map machinery, byte-by-byte string
+// escaping, and UTF-8 checks of names already checked. The bytes are serde_json's for the views above
+// (`text_writers_match_the_serde_views` compares them over generated sections).
+
+/// `text` as a JSON string, escaped as serde_json escapes it. Nearly all names and values need no
+/// escape, which one pass that vectorizes finds; the rest go through serde_json itself.
+pub(crate) fn write_json_str(out: &mut Vec<u8>, text: &[u8]) {
+    // A fold without an early exit, so that it vectorizes: most texts are short, and all are scanned
+    // whole anyway when they need no escape.
+    if !text.iter().fold(false, |escape, &b| escape | (b < 0x20) | (b == b'"') | (b == b'\\')) {
+        out.push(b'"');
+        out.extend_from_slice(text);
+        out.push(b'"');
+    } else {
+        let text = std::str::from_utf8(text).unwrap_or_default();
+        let _ = serde_json::to_writer(&mut *out, text); // cannot fail: a string into a vector
+    }
+}
+
+/// An integer as serde_json writes it.
+pub(crate) fn write_json_int(out: &mut Vec<u8>, n: i64) {
+    let _ = serde_json::to_writer(&mut *out, &n); // cannot fail: an integer into a vector
+}
+
+/// `"name":`, after a comma unless it is an object's first member.
+fn write_key(out: &mut Vec<u8>, first: &mut bool, name: &[u8]) {
+    if !std::mem::take(first) {
+        out.push(b',');
+    }
+    write_json_str(out, name);
+    out.push(b':');
+}
+
+/// [`Plain`] as text.
+fn write_plain(out: &mut Vec<u8>, node: NodeRef<'_>) {
+    match node.kind {
+        OBJECT => write_members(out, node),
+        FALSE => out.extend_from_slice(b"false"),
+        TRUE => out.extend_from_slice(b"true"),
+        // A number's text is written as it is; text that is not a number (never packed, but the bytes
+        // are only checked to be UTF-8 when read) is `null`, as [`Plain`] writes it.
+        NUMBER if !node.body.is_empty() && node.body.iter().all(|b| b"0123456789+-.eE".contains(b)) => {
+            out.extend_from_slice(node.body)
+        }
+        NUMBER => out.extend_from_slice(b"null"),
+        STRING => write_json_str(out, node.body),
+        // Rare; written as [`Plain`] writes it, through the parsed array.
+        _ => {
+            let _ = serde_json::to_writer(&mut *out, &Plain(node)); // cannot fail: into a vector
+        }
+    }
+}
+
+/// [`MembersOf`] as text.
+pub(crate) fn write_members(out: &mut Vec<u8>, node: NodeRef<'_>) {
+    out.push(b'{');
+    let (mut members, mut first) = (node.members(), true);
+    while let Some((name, child)) = members.next_raw() {
+        write_key(out, &mut first, name);
+        write_plain(out, child);
+    }
+    out.push(b'}');
+}
+
+/// Where the last `$lastUpdated` was written, and its time: a patch stamps all it writes alike, so
+/// the members of a section mostly share their parent's time, and computing a date is most of writing
+/// one. A repeat copies the earlier text from the output.
+#[derive(Default)]
+struct LastStamp {
+    written: Option<(i64, std::ops::Range<usize>)>,
+}
+
+impl LastStamp {
+    fn write(&mut self, out: &mut Vec<u8>, at: i64) {
+        match &self.written {
+            Some((time, text)) if *time == at => out.extend_from_within(text.clone()),
+            _ => {
+                let start = out.len();
+                Timestamp(at).write_json(out);
+                self.written = Some((at, start..out.len()));
+            }
+        }
+    }
+}
+
+/// [`Metadata`] as text.
+fn write_metadata(out: &mut Vec<u8>, node: NodeRef<'_>, with_version: bool, last: &mut LastStamp) {
+    out.extend_from_slice(b"{\"$lastUpdated\":");
+    last.write(out, node.updated);
+    if with_version && node.updated != NEVER {
+        out.extend_from_slice(b",\"$lastUpdatedVersion\":");
+        write_json_int(out, node.updated_version);
+    }
+    let mut members = node.members();
+    while let Some((name, child)) = members.next_raw() {
+        write_key(out, &mut false, name);
+        write_metadata(out, child, with_version, last);
+    }
+    out.push(b'}');
+}
+
+impl Section<'_> {
+    /// This section as text: the bytes its `Serialize` gives through serde_json.
+    pub(crate) fn write_text(&self, out: &mut Vec<u8>) {
+        out.push(b'{');
+        let (mut members, mut first) = (self.node.members(), true);
+        while let Some((name, child)) = members.next_raw() {
+            write_key(out, &mut first, name);
+            write_plain(out, child);
+        }
+        write_key(out, &mut first, b"$metadata");
+        write_metadata(out, self.node, self.with_version, &mut LastStamp::default());
+        out.extend_from_slice(b",\"$version\":");
+        write_json_int(out, self.version);
+        out.push(b'}');
+    }
+}
+
 thread_local! {
     /// Set while a snapshot written before sections were packed is decoded: its sections are
     /// [`Node`] trees in postcard, which has no marks to tell the two apart.
@@ -723,6 +850,40 @@ mod tests {
                 p = got;
             }
         }
+    }
+
+    /// The text writers against the serde views they stand in for, over the sections the merge test
+    /// builds plus names and strings that need escapes, arrays, numbers in every shape and stamps
+    /// never set.
+    #[test]
+    fn text_writers_match_the_serde_views() {
+        let assert_same = |p: &Packed, case: &str| {
+            let root = p.root();
+            let mut text = Vec::new();
+            write_members(&mut text, root);
+            assert_eq!(Some(&text), serde_json::to_vec(&MembersOf(root)).ok().as_ref(), "{case}: members");
+            for (version, with_version) in [(0, false), (7, true), (-3, true)] {
+                let section = Section { node: root, version, with_version };
+                let mut text = Vec::new();
+                section.write_text(&mut text);
+                assert_eq!(Some(&text), serde_json::to_vec(&section).ok().as_ref(), "{case}: section");
+            }
+        };
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        for case in 0..3_000 {
+            let mut p = Packed::empty_section();
+            for _ in 0..rng.below(4) + 1 {
+                p = p.merged(&rng.patch(), [NEVER, 0, 1_700_000_000_123][rng.below(3) as usize], rng.below(3) as i64);
+                assert_same(&p, &format!("case {case}"));
+            }
+        }
+        let odd = json!({
+            "q\"uote": "a\"b\\c\u{1}\u{1f}\u{7f}\n\t\u{8}\u{c}\r",
+            "é/ü": {"back\\slash": ["x\"", 1.5, {"k": null}], "n": -0.0, "big": 123456789012345678901234567890u128},
+            "e": 1e300, "f": 2.50E-3, "s": "", "o": {}, "t": true, "u": false
+        });
+        assert_same(&Packed::pack(&section(odd.clone(), NEVER, 0)), "odd, never set");
+        assert_same(&Packed::pack(&section(odd, 253_402_300_800_000, 9)), "odd, past year 9999");
     }
 
     #[test]

@@ -1146,6 +1146,7 @@ fn twin_text_is_the_rendered_document_byte_for_byte() {
     for (id, want) in ids.iter().zip(golden) {
         let text = f.state.twin_text(id).unwrap();
         assert_eq!(text.as_str(), want, "{id:?}: text");
+        assert_eq!(f.state.twin_text_via_serde(id).unwrap().as_str(), want, "{id:?}: text through serde");
         let tree = f.state.twin(id).unwrap();
         assert_eq!(serde_json::to_string(&tree).unwrap(), want, "{id:?}: tree");
     }
