@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""shares.py [--costs merge] FOLDED.gz...: the share of all node samples whose stack passes through each
-cost this section changed (one column per profile); `--costs merge`: the costs the 2026-12-03 last
-section changed instead."""
+"""shares.py [--costs merge|render] FOLDED.gz...: the share of all node samples whose stack passes through
+each cost this section changed (one column per profile); `--costs merge`: the costs the 2026-12-03 last
+section changed instead; `--costs render`: those of the twin written straight as text (2026-12-03, final)."""
 import gzip, re, sys
 
 COSTS = {
@@ -23,9 +23,17 @@ MERGE = {
     "state machine apply, all (openraft's state machine worker)": r"openraft::core::sm::worker",
 }
 
+RENDER = {
+    "rendering the twin a write answers (twin_text)": r"ShardState::twin_text",
+    "… of it, escaping strings": r"ShardState::twin_text.*(format_escaped_str|write_json_str)",
+    "… of it, writing timestamps": r"ShardState::twin_text.*Timestamp",
+    "… of it, serde's map and struct machinery": r"ShardState::twin_text.*(SerializeMap|SerializeStruct)",
+    "state machine apply, all (openraft's state machine worker)": r"openraft::core::sm::worker",
+}
+
 args = sys.argv[1:]
-if args[:2] == ["--costs", "merge"]:
-    COSTS, args = MERGE, args[2:]
+if args[:1] == ["--costs"]:
+    COSTS, args = {"merge": MERGE, "render": RENDER}[args[1]], args[2:]
 
 cols = []
 for path in args:

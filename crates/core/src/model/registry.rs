@@ -288,6 +288,7 @@ impl Serialize for TwinView<'_> {
 trait TwinOut {
     type Error;
     fn entry<V: Serialize + ?Sized>(&mut self, name: &'static str, value: &V) -> Result<(), Self::Error>;
+    fn time(&mut self, name: &'static str, at: Timestamp) -> Result<(), Self::Error>;
     fn tags(&mut self, twin: &TwinDoc) -> Result<(), Self::Error>;
     fn properties(&mut self, twin: &TwinDoc) -> Result<(), Self::Error>;
 }
@@ -315,9 +316,13 @@ fn write_twin<O: TwinOut>(twin: TwinRef<'_>, want: &dyn Fn(&str) -> bool, out: &
     put!("deviceEtag", Etag(identity.etag));
     put!("status", status_text(device.status));
     put!("statusReason", device.status_reason);
-    put!("statusUpdateTime", Timestamp(device.status_updated));
+    if want("statusUpdateTime") {
+        out.time("statusUpdateTime", Timestamp(device.status_updated))?;
+    }
     put!("connectionState", identity.connection_state());
-    put!("lastActivityTime", Timestamp(identity.last_activity));
+    if want("lastActivityTime") {
+        out.time("lastActivityTime", Timestamp(identity.last_activity))?;
+    }
     put!("cloudToDeviceMessageCount", 0);
     put!("authenticationType", identity.auth.auth_type);
     put!(
@@ -357,6 +362,10 @@ impl<M: serde::ser::SerializeMap> TwinOut for MapOut<'_, M> {
         self.0.serialize_entry(name, value)
     }
 
+    fn time(&mut self, name: &'static str, at: Timestamp) -> Result<(), M::Error> {
+        self.0.serialize_entry(name, &at)
+    }
+
     fn tags(&mut self, twin: &TwinDoc) -> Result<(), M::Error> {
         self.0.serialize_entry("tags", &MembersOf(twin.tags.root()))
     }
@@ -389,6 +398,12 @@ impl TwinOut for TextOut<'_> {
     fn entry<V: Serialize + ?Sized>(&mut self, name: &'static str, value: &V) -> Result<(), serde_json::Error> {
         self.key(name);
         serde_json::to_writer(&mut *self.out, value)
+    }
+
+    fn time(&mut self, name: &'static str, at: Timestamp) -> Result<(), serde_json::Error> {
+        self.key(name);
+        at.write_json(self.out);
+        Ok(())
     }
 
     fn tags(&mut self, twin: &TwinDoc) -> Result<(), serde_json::Error> {

@@ -71,6 +71,8 @@ impl Timestamp {
         out.push(b'"');
         match self.digits() {
             Some(digits) => out.extend_from_slice(&digits),
+            // A time never set is the common case of the rest (a device's status and activity times).
+            None if self.0 < 0 => out.extend_from_slice(NEVER_TEXT.as_bytes()),
             None => out.extend_from_slice(self.to_string().as_bytes()),
         }
         out.push(b'"');
