@@ -176,20 +176,30 @@ fn write_merged(
     parent: Option<(i64, i64)>,
 ) {
     write_head(out, OBJECT, stamp, parent);
-    // Which of the patch's members name a member `old` has (by position in the patch), for patches of
-    // up to 64 members; larger ones look the names up again below.
+    // Which of the patch's members name a member `old` has (by position in the patch): bits for
+    // patches of up to 64 members, a flag each for larger ones.
     let mut named = 0u64;
+    let mut named_many = if patch.len() > 64 { vec![false; patch.len()] } else { Vec::new() };
+    // A few names are found by scanning the patch, more through a sorted list of them.
+    let sorted = (patch.len() > SCAN_UP_TO)
+        .then(|| SortedNames::new(patch.iter().enumerate().map(|(i, (k, v))| (k.as_bytes(), (i, v)))));
     // Not an object before (a leaf the patch turns into an object): it has no members to keep.
     let mut rest = if old.is_object() { old.body } else { &[] };
     while let Some((key, node, after)) = member(rest) {
         rest = after;
         let child = NodeRef::read(node, (old.updated, old.updated_version)).unwrap_or(NodeRef::EMPTY);
-        let found = patch.iter().enumerate().find(|(_, (k, _))| k.as_bytes() == key);
+        let found = match &sorted {
+            Some(sorted) => sorted.get(key),
+            None => patch.iter().enumerate().find(|(_, (k, _))| k.as_bytes() == key).map(|(i, (_, v))| (i, v)),
+        };
         if let Some((i, _)) = found {
             named |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            if let Some(flag) = named_many.get_mut(i) {
+                *flag = true;
+            }
         }
         let key = std::str::from_utf8(key).unwrap_or_default();
-        match found.map(|(_, (_, v))| v) {
+        match found.map(|(_, v)| v) {
             None => write_member(out, key, |out| copy_node(out, child, stamp)),
             Some(Value::Null) => {}
             Some(Value::Object(p)) if child.is_object() => {
@@ -199,7 +209,7 @@ fn write_merged(
         }
     }
     for (i, (key, v)) in patch.iter().enumerate() {
-        let is_named = if i < 64 { named & (1 << i) != 0 } else { old.child(key).is_some() };
+        let is_named = if i < 64 { named & (1 << i) != 0 } else { named_many.get(i).copied().unwrap_or(false) };
         if !v.is_null() && !is_named {
             write_member(out, key, |out| write_value(out, v, stamp, stamp));
         }
@@ -578,36 +588,45 @@ impl Serialize for PatchMetadata<'_, '_> {
     }
 }
 
-/// An object's members found by name, for as many lookups as a patch has members: a scan each for a
-/// few, and a sorted list for more, so that a patch of a hundred members into an object of a hundred
-/// is not ten thousand comparisons.
+/// How many lookups by name a scan serves before a sorted list of the names is worth building: a
+/// patch of a hundred members merged into an object of a hundred would otherwise be ten thousand
+/// comparisons, in the merge and again in the change event's `$metadata`.
+const SCAN_UP_TO: usize = 8;
+
+/// Names (unique, as an object's are) sorted by their bytes, each with what it names.
+struct SortedNames<'a, T>(Vec<(&'a [u8], T)>);
+
+impl<'a, T: Copy> SortedNames<'a, T> {
+    fn new(names: impl Iterator<Item = (&'a [u8], T)>) -> SortedNames<'a, T> {
+        let mut sorted: Vec<_> = names.collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        SortedNames(sorted)
+    }
+
+    fn get(&self, name: &[u8]) -> Option<T> {
+        self.0.binary_search_by(|(n, _)| (*n).cmp(name)).ok().map(|i| self.0[i].1)
+    }
+}
+
+/// An object's members found by name, for as many lookups as a patch has members.
 enum Children<'a> {
     Scan(NodeRef<'a>),
-    Sorted(Vec<(&'a [u8], NodeRef<'a>)>),
+    Sorted(SortedNames<'a, NodeRef<'a>>),
 }
 
 impl<'a> Children<'a> {
-    const SCAN_UP_TO: usize = 8;
-
     fn of(node: NodeRef<'a>, lookups: usize) -> Children<'a> {
-        if lookups <= Self::SCAN_UP_TO {
+        if lookups <= SCAN_UP_TO {
             return Children::Scan(node);
         }
-        let mut sorted = Vec::new();
         let mut members = node.members();
-        while let Some(member) = members.next_raw() {
-            sorted.push(member);
-        }
-        sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        Children::Sorted(sorted)
+        Children::Sorted(SortedNames::new(std::iter::from_fn(|| members.next_raw())))
     }
 
     fn get(&self, key: &str) -> Option<NodeRef<'a>> {
         match self {
             Children::Scan(node) => node.child(key),
-            Children::Sorted(sorted) => {
-                sorted.binary_search_by(|(name, _)| (*name).cmp(key.as_bytes())).ok().map(|i| sorted[i].1)
-            }
+            Children::Sorted(sorted) => sorted.get(key.as_bytes()),
         }
     }
 }
@@ -867,6 +886,15 @@ mod tests {
             }
         }
 
+        /// A patch of `n` distinct members named from `k0` to `k23`, for the sorted lookups.
+        fn wide_patch(&mut self, n: u64) -> Map<String, Value> {
+            let mut m = Map::new();
+            while (m.len() as u64) < n.min(24) {
+                m.insert(format!("k{}", self.below(24)), self.value(2));
+            }
+            m
+        }
+
         fn patch(&mut self) -> Map<String, Value> {
             match self.value(3) {
                 Value::Object(m) => m,
@@ -933,19 +961,10 @@ mod tests {
     #[test]
     fn patch_metadata_of_many_members_equals_their_metadata_one_by_one() {
         let mut rng = Rng(0x853c_49e6_748f_ea9b);
-        let keys: Vec<String> = (0..24).map(|i| format!("k{i}")).collect();
-        // `n` distinct members (of 24 names).
-        let draw = |rng: &mut Rng, n: u64| -> Map<String, Value> {
-            let mut m = Map::new();
-            while (m.len() as u64) < n {
-                m.insert(keys[rng.below(24) as usize].clone(), rng.value(2));
-            }
-            m
-        };
         for case in 0..500 {
-            let base = Packed::empty_section().merged(&draw(&mut rng, 20), 1_000, 1);
+            let base = Packed::empty_section().merged(&rng.wide_patch(20), 1_000, 1);
             let members = 9 + rng.below(12);
-            let patch = draw(&mut rng, members);
+            let patch = rng.wide_patch(members);
             let merged = base.merged(&patch, 2_000, 2);
             let root = merged.root();
             let with_version = rng.below(2) == 1;
@@ -957,8 +976,26 @@ mod tests {
                     want.insert(k.clone(), found);
                 }
             }
-            assert!(patch.len() > Children::SCAN_UP_TO, "case {case}: {} members", patch.len());
+            assert!(patch.len() > SCAN_UP_TO, "case {case}: {} members", patch.len());
             assert_eq!(text(&patch), Some(Value::Object(want)), "case {case}: {patch:?}");
+        }
+    }
+
+    /// [`merged_in_place_equals_unpack_merge_pack`] for patches of more members than a scan serves.
+    #[test]
+    fn wide_patches_merged_in_place_equal_unpack_merge_pack() {
+        let mut rng = Rng(0xda94_2042_e4dd_58b5);
+        for case in 0..1_000 {
+            let mut p = Packed::empty_section();
+            for _ in 0..rng.below(3) + 1 {
+                let members = rng.below(24) + 1;
+                let (patch, at, version) = (rng.wide_patch(members), 1_000 * rng.below(3) as i64, rng.below(3) as i64);
+                let mut tree = p.unpack();
+                tree.merge(&patch, at, version);
+                let got = p.merged(&patch, at, version);
+                assert_eq!(got, Packed::pack(&tree), "case {case}: {:?} merged with {patch:?}", p.unpack());
+                p = got;
+            }
         }
     }
 
