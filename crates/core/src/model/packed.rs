@@ -479,10 +479,9 @@ pub(super) fn to_value(view: &impl Serialize) -> Value {
     serde_json::to_value(view).unwrap_or(Value::Null)
 }
 
-// Views of a packed node that serialize as the JSON IoT Hub renders. One definition serves both
-// outputs: `serde_json::to_value` builds the tree (queries, events), and `serde_json::to_string`
-// writes the text a twin write answers without building the tree first, which was most of the cost
-// of rendering a twin on every replica.
+// Views of a packed node that serialize as the JSON IoT Hub renders: `serde_json::to_value` builds
+// the tree (queries, events) and `serde_json::to_writer` the text of change events. The text a twin
+// write answers is written by the text writers further down, to the same bytes.
 
 /// A node's plain JSON value, without metadata: what [`NodeRef::to_value`] builds.
 #[derive(Clone, Copy)]
