@@ -657,7 +657,7 @@ impl Serialize for Section<'_> {
 
 /// `text` as a JSON string, escaped as serde_json escapes it. Nearly all names and values need no
 /// escape, which one pass that vectorizes finds; the rest go through serde_json itself.
-pub(crate) fn write_json_str(out: &mut Vec<u8>, text: &[u8]) {
+fn write_json_str(out: &mut Vec<u8>, text: &[u8]) {
     // A fold without an early exit, so that it vectorizes: most texts are short, and all are scanned
     // whole anyway when they need no escape.
     if !text.iter().fold(false, |escape, &b| escape | (b < 0x20) | (b == b'"') | (b == b'\\')) {
@@ -671,12 +671,12 @@ pub(crate) fn write_json_str(out: &mut Vec<u8>, text: &[u8]) {
 }
 
 /// An integer as serde_json writes it.
-pub(crate) fn write_json_int(out: &mut Vec<u8>, n: i64) {
+fn write_json_int(out: &mut Vec<u8>, n: i64) {
     let _ = serde_json::to_writer(&mut *out, &n); // cannot fail: an integer into a vector
 }
 
 /// `"name":`, after a comma unless it is an object's first member.
-fn write_key(out: &mut Vec<u8>, first: &mut bool, name: &[u8]) {
+pub(crate) fn write_key(out: &mut Vec<u8>, first: &mut bool, name: &[u8]) {
     if !std::mem::take(first) {
         out.push(b',');
     }
@@ -707,12 +707,17 @@ fn write_plain(out: &mut Vec<u8>, node: NodeRef<'_>) {
 /// [`MembersOf`] as text.
 pub(crate) fn write_members(out: &mut Vec<u8>, node: NodeRef<'_>) {
     out.push(b'{');
-    let (mut members, mut first) = (node.members(), true);
+    write_member_list(out, node, &mut true);
+    out.push(b'}');
+}
+
+/// An object node's members, `"name":value` each, inside braces the caller writes.
+fn write_member_list(out: &mut Vec<u8>, node: NodeRef<'_>, first: &mut bool) {
+    let mut members = node.members();
     while let Some((name, child)) = members.next_raw() {
-        write_key(out, &mut first, name);
+        write_key(out, first, name);
         write_plain(out, child);
     }
-    out.push(b'}');
 }
 
 /// Where the last `$lastUpdated` was written, and its time: a patch stamps all it writes alike, so
@@ -756,11 +761,8 @@ impl Section<'_> {
     /// This section as text: the bytes its `Serialize` gives through serde_json.
     pub(crate) fn write_text(&self, out: &mut Vec<u8>) {
         out.push(b'{');
-        let (mut members, mut first) = (self.node.members(), true);
-        while let Some((name, child)) = members.next_raw() {
-            write_key(out, &mut first, name);
-            write_plain(out, child);
-        }
+        let mut first = true;
+        write_member_list(out, self.node, &mut first);
         write_key(out, &mut first, b"$metadata");
         write_metadata(out, self.node, self.with_version, &mut LastStamp::default());
         out.extend_from_slice(b",\"$version\":");

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::command::{AuthSpec, RequestId, Status};
 use super::etag::{etag_text, Etag};
 use super::json_text::JsonText;
-use super::packed::{to_value, write_json_str, write_members, MembersOf, Packed, Section};
+use super::packed::{to_value, write_key, write_members, MembersOf, Packed, Section};
 use super::time::{format_ms, Timestamp, NEVER};
 
 /// What devices and modules share: authentication, connection state, identity etag.
@@ -384,11 +384,7 @@ struct TextOut<'b> {
 
 impl TextOut<'_> {
     fn key(&mut self, name: &str) {
-        if !std::mem::take(&mut self.first) {
-            self.out.push(b',');
-        }
-        write_json_str(self.out, name.as_bytes());
-        self.out.push(b':');
+        write_key(self.out, &mut self.first, name.as_bytes());
     }
 }
 
