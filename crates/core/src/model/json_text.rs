@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use serde::de::Error as _;
-use serde::ser::Error as _;
+use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -74,10 +74,18 @@ impl fmt::Debug for JsonText {
     }
 }
 
+/// The name of the one-field struct that serde_json's serializer writes as the field's text, verbatim:
+/// the shape [`RawValue`] serializes as. Going through `RawValue` itself would mean reading the whole
+/// text again to check it (it was checked when it was made), and that read was most of what it cost
+/// to send a forwarded write's answer or a change event. The tests below hold this to `RawValue`'s own
+/// output, so a serde_json that changed the name would fail them.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
 impl Serialize for JsonText {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let raw: &RawValue = serde_json::from_str(&self.0).map_err(S::Error::custom)?;
-        raw.serialize(s)
+        let mut raw = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+        raw.serialize_field(RAW_VALUE_TOKEN, &*self.0)?;
+        raw.end()
     }
 }
 
@@ -105,6 +113,20 @@ mod tests {
         let back: Option<JsonText> = serde_json::from_str(&wire).unwrap();
         assert_eq!(back.unwrap().to_value(), doc);
         assert_eq!(text.to_value(), doc);
+    }
+
+    /// Written as `RawValue` writes it, in JSON (the text itself, inside other values too) and in
+    /// postcard (a string), without reading the text again.
+    #[test]
+    fn serializes_exactly_as_raw_value() {
+        for text in [r#"{"a":[1,2.5e3,"x\"y"],"b":{"c":null}}"#, "3", r#""s""#, "[]", "{}"] {
+            let ours = JsonText::parse(text).unwrap();
+            let raw: &RawValue = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&ours).unwrap(), serde_json::to_string(raw).unwrap());
+            assert_eq!(serde_json::to_string(&(1, &ours)).unwrap(), serde_json::to_string(&(1, raw)).unwrap());
+            assert_eq!(serde_json::to_string(&ours).unwrap(), text, "written as it is");
+            assert_eq!(postcard::to_allocvec(&ours).unwrap(), postcard::to_allocvec(raw).unwrap());
+        }
     }
 
     /// A document rendered while another is being rendered (a view that embeds a rendering of its
