@@ -76,6 +76,67 @@ fn validate(c: &mut Criterion) {
     g.finish();
 }
 
+/// The front door's check of a twin PATCH body, as it came: parsed into a tree and the tree checked
+/// (how it did), against checked straight from the text (what it does now). The compare's body (one
+/// desired member holding a 200-byte object), then 10 and 100 leaves.
+fn front_door(c: &mut Criterion) {
+    let mut g = c.benchmark_group("front_door_twin_body");
+    let pad = "abcdefghijklmnopqrstuvwxyz0123456789".repeat(5);
+    let compare =
+        format!(r#"{{"properties":{{"desired":{{"fb":{{"seq":7,"ts":1795000000000000,"pad":"{}"}}}}}}}}"#, &pad[..167]);
+    let bodies =
+        [("compare", compare), ("10_leaves", patch(10, 1).to_string()), ("100_leaves", patch(100, 1).to_string())];
+    for (name, body) in &bodies {
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_function(format!("{name}/tree"), |b| {
+            b.iter(|| {
+                let doc = twinhub::model::validate::parse_json(black_box(body)).expect("json");
+                validate_twin_patch(&doc).expect("valid")
+            })
+        });
+        g.bench_function(format!("{name}/text"), |b| {
+            b.iter(|| twinhub::model::validate_twin_body_text(black_box(body)).expect("valid"))
+        });
+    }
+    g.finish();
+}
+
+/// A twin document's text written into a JSON message (a forwarded write's answer, a change event),
+/// through serde_json's `RawValue` (which reads the text again to check it; how it was done) and as
+/// `JsonText` writes itself now.
+fn embed(c: &mut Criterion) {
+    struct ViaRawValue<'a>(&'a twinhub::model::JsonText);
+    impl serde::Serialize for ViaRawValue<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let raw: &serde_json::value::RawValue =
+                serde_json::from_str(self.0.as_str()).map_err(serde::ser::Error::custom)?;
+            raw.serialize(s)
+        }
+    }
+    let mut state = ShardState::default();
+    assert!(state.apply(&device("device-000042")).result.is_ok());
+    for round in 0..3 {
+        assert!(state.apply(&update("device-000042", 10, round)).result.is_ok());
+    }
+    let twin = state.twin_text(&TwinId::device("device-000042")).expect("twin");
+    let mut g = c.benchmark_group("embed_twin_text");
+    g.throughput(Throughput::Bytes(twin.as_str().len() as u64));
+    let mut buf = Vec::with_capacity(8 << 10);
+    g.bench_function("via_raw_value", |b| {
+        b.iter(|| {
+            buf.clear();
+            serde_json::to_writer(&mut buf, &(1, ViaRawValue(black_box(&twin)))).expect("json");
+        })
+    });
+    g.bench_function("json_text", |b| {
+        b.iter(|| {
+            buf.clear();
+            serde_json::to_writer(&mut buf, &(1, black_box(&twin))).expect("json");
+        })
+    });
+    g.finish();
+}
+
 fn codec(c: &mut Criterion) {
     let mut g = c.benchmark_group("codec_postcard");
     for keys in [1usize, 100] {
@@ -290,5 +351,5 @@ fn merge(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, sas, validate, codec, apply, render, snapshot, sections, merge);
+criterion_group!(benches, sas, validate, front_door, embed, codec, apply, render, snapshot, sections, merge);
 criterion_main!(benches);

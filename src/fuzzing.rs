@@ -245,18 +245,25 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
 // Twin JSON
 
 /// A twin body as the HTTPS API and MQTT receive it: parsed as JSON and validated as a service
-/// PATCH, a service PUT and a device's reported patch. The text is also checked as a bulk entry's
-/// section is, straight from the text: that check may never accept what the parsed check refuses.
+/// PATCH, a service PUT and a device's reported patch. The text is also checked as the front door
+/// checks a service body and as a bulk entry's section is, straight from the text: those checks may
+/// never accept what the parsed check refuses.
 pub fn twin_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let text_ok = crate::model::validate_twin_section_texts(Some(text), None).is_ok();
+    let body_ok = crate::model::validate_twin_body_text(text).is_ok();
     let Ok(v) = crate::model::validate::parse_json(text) else {
         assert!(!text_ok, "the text check accepted what does not parse");
+        assert!(!body_ok, "the body text check accepted what does not parse");
         return;
     };
     if text_ok {
         let tree = crate::model::validate_twin_patch(&json!({ "tags": v }));
         assert!(tree.is_ok(), "the text check accepted tags the parsed check refuses: {tree:?}");
+    }
+    if body_ok {
+        let tree = crate::model::validate_twin_patch(&v);
+        assert!(tree.is_ok(), "the body text check accepted a body the parsed check refuses: {tree:?}");
     }
     let _ = crate::model::validate_twin_patch(&v);
     let _ = crate::model::validate_twin_replace(&v);

@@ -16,17 +16,13 @@ fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
 }
 
-/// Parses a JSON body and keeps its text: a twin write checks the parsed document and hands the text
-/// on to Raft as it came, instead of writing the document out again (the replicas parse the text
-/// themselves, so any JSON spelling of the same document applies alike).
-pub fn json_and_text(body: Result<Bytes, BytesRejection>, what: &str) -> Result<(Value, String), ApiError> {
+/// The text of a body that should hold a `what` JSON document, unparsed: a twin write checks it
+/// straight from the text and hands it on to Raft as it came (the replicas parse it themselves, so any
+/// JSON spelling of the same document applies alike).
+pub fn text(body: Result<Bytes, BytesRejection>, what: &str) -> Result<String, ApiError> {
     let bytes = bytes(body, what)?;
-    let doc = parse(&bytes)?;
-    // A document serde_json read from these bytes is UTF-8: JSON outside strings is ASCII, and its
-    // strings were checked as they were read. The check here is the one `String` needs.
-    let text = String::from_utf8(Vec::from(bytes))
-        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: not UTF-8 ({e})")))?;
-    Ok((doc, text))
+    String::from_utf8(Vec::from(bytes))
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: not UTF-8 ({e})")))
 }
 
 /// The bytes of a body that should hold a `what` JSON document: an error if it could not be read, was

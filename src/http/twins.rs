@@ -10,7 +10,7 @@ use super::registry::{if_match, propose};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;
-use crate::model::{now_ms, validate_id, validate_twin_patch, validate_twin_replace, Command, Op};
+use crate::model::{now_ms, validate_id, validate_twin_body_text, Command, Op};
 
 fn resource(id: &TwinId) -> String {
     match &id.module_id {
@@ -38,13 +38,13 @@ async fn write(
     if let Some(m) = &id.module_id {
         validate_id("module", m)?;
     }
-    let (doc, json) = body::json_and_text(raw, "Twin")?;
+    let json = body::text(raw, "Twin")?;
+    // A PATCH and a PUT body follow the same rules; they differ in what a missing section means.
+    validate_twin_body_text(&json)?;
     let if_match = if_match(&headers);
     let op = if replace {
-        validate_twin_replace(&doc)?;
         Op::ReplaceTwin { id: id.clone(), twin_json: json, if_match }
     } else {
-        validate_twin_patch(&doc)?;
         Op::UpdateTwin { id: id.clone(), patch_json: json, if_match }
     };
     let twin = propose(&st, &id, Command::new(op, now_ms())).await?.into_twin()?;

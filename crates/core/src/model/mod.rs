@@ -502,6 +502,14 @@ pub fn validate_twin_section_texts(tags: Option<&str>, desired: Option<&str>) ->
     Ok(())
 }
 
+/// Validates the text of a service twin PATCH or PUT body (the two follow the same rules) without
+/// building its tree: what the front door does before it hands the text on to Raft. Gives the errors
+/// [`validate_twin_patch`] gives for the parsed body, and never accepts what that refuses (see
+/// `validate_text`).
+pub fn validate_twin_body_text(text: &str) -> Result<(), TwinError> {
+    validate_text::check_service_text(text)
+}
+
 /// Validates a service twin PUT body (replace tags and desired).
 pub fn validate_twin_replace(body: &Value) -> Result<(), TwinError> {
     validate::service_body(body).map(|_| ())

@@ -76,43 +76,81 @@ pub fn parse_json(text: &str) -> Result<Value, TwinError> {
 
 /// Splits and fully validates a service PATCH or PUT body. The two differ only in
 /// what a missing or null section means, which the caller decides; the rules checked are the same.
+/// (`validate_text::check_service_text` checks the same rules on the text, in the same order.)
 pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
     let Value::Object(top) = body else {
-        return Err(invalid("the twin body must be a JSON object"));
+        return Err(BodyRule::NotAnObject.into());
     };
-    let unknown: Vec<&str> = top
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !matches!(*k, "tags" | "properties") && !IGNORED_MEMBERS.contains(k))
-        .collect();
-    if !unknown.is_empty() {
-        return Err(invalid(&format!("unknown twin member(s): {}", unknown.join(", "))));
-    }
+    BodyRule::unknown_members(top.keys().map(String::as_str).filter(|k| !is_body_member(k)))?;
     let tags = section(top.get("tags"), "tags")?;
     let mut desired = Section::Absent;
     match top.get("properties") {
         None | Some(Value::Null) => {}
         Some(Value::Object(props)) => {
-            let unknown: Vec<&str> =
-                props.keys().map(String::as_str).filter(|k| !matches!(*k, "desired" | "reported")).collect();
-            if !unknown.is_empty() {
-                return Err(invalid(&format!("unknown member(s) of properties: {}", unknown.join(", "))));
-            }
+            BodyRule::unknown_properties(props.keys().map(String::as_str).filter(|k| !is_properties_member(k)))?;
             match props.get("reported") {
                 None | Some(Value::Null) => {}
                 Some(Value::Object(r)) if r.is_empty() => {}
-                Some(_) => {
-                    return Err(invalid(
-                        "properties.reported cannot be written by the service; only the device updates it",
-                    ))
-                }
+                Some(_) => return Err(BodyRule::ReportedByService.into()),
             }
             desired = section(props.get("desired"), "properties.desired")?;
         }
-        Some(_) => return Err(invalid("properties must be a JSON object")),
+        Some(_) => return Err(BodyRule::PropertiesNotAnObject.into()),
     }
     check_sections(tags, desired)?;
     Ok(ServiceBody { tags, desired })
+}
+
+/// A member a service body may hold at its top: its two sections, or one the SDKs send back and we
+/// ignore.
+pub(super) fn is_body_member(key: &str) -> bool {
+    matches!(key, "tags" | "properties") || IGNORED_MEMBERS.contains(&key)
+}
+
+pub(super) fn is_properties_member(key: &str) -> bool {
+    matches!(key, "desired" | "reported")
+}
+
+/// The rules of a service body's shape (its sections' contents are [`check_section`]'s), each with
+/// its message: the tree's check and the text's give the same ones.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum BodyRule<'a> {
+    NotAnObject,
+    PropertiesNotAnObject,
+    ReportedByService,
+    SectionNotAnObject(&'a str),
+}
+
+impl BodyRule<'_> {
+    /// An error naming every member given that a body may not hold, if there is one.
+    pub(super) fn unknown_members<'k>(keys: impl Iterator<Item = &'k str>) -> Result<(), TwinError> {
+        unknown("unknown twin member(s)", keys)
+    }
+
+    pub(super) fn unknown_properties<'k>(keys: impl Iterator<Item = &'k str>) -> Result<(), TwinError> {
+        unknown("unknown member(s) of properties", keys)
+    }
+}
+
+fn unknown<'k>(what: &str, keys: impl Iterator<Item = &'k str>) -> Result<(), TwinError> {
+    let unknown: Vec<&str> = keys.collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(invalid(&format!("{what}: {}", unknown.join(", "))))
+}
+
+impl From<BodyRule<'_>> for TwinError {
+    fn from(rule: BodyRule<'_>) -> TwinError {
+        match rule {
+            BodyRule::NotAnObject => invalid("the twin body must be a JSON object"),
+            BodyRule::PropertiesNotAnObject => invalid("properties must be a JSON object"),
+            BodyRule::ReportedByService => {
+                invalid("properties.reported cannot be written by the service; only the device updates it")
+            }
+            BodyRule::SectionNotAnObject(path) => invalid(&format!("{path} must be a JSON object or null")),
+        }
+    }
 }
 
 /// Validates a device's reported patch and returns its members.
@@ -129,7 +167,7 @@ fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinErro
         None => Ok(Section::Absent),
         Some(Value::Null) => Ok(Section::Null),
         Some(Value::Object(m)) => Ok(Section::Object(m)),
-        Some(_) => Err(invalid(&format!("{path} must be a JSON object or null"))),
+        Some(_) => Err(BodyRule::SectionNotAnObject(path).into()),
     }
 }
 

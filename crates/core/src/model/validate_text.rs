@@ -13,10 +13,14 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
-use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use super::error::TwinError;
-use super::validate::{check_key, check_level, check_number_text, check_size, text_size, Path, MAX_STRING_BYTES};
+use super::validate::{
+    check_key, check_level, check_number_text, check_size, is_body_member, is_properties_member, text_size, BodyRule,
+    Path, MAX_DESIRED_SIZE, MAX_STRING_BYTES, MAX_TAGS_SIZE,
+};
 
 /// The key under which serde_json (with `arbitrary_precision`) hands a number to a visitor, as a
 /// one-member map holding the number's text.
@@ -36,6 +40,235 @@ pub fn check_section_text(text: &str, path: &str, limit: usize) -> Result<(), Tw
         Ok(Measure { object: true, size, .. }) => check_size(path, size, limit),
         Ok(_) => Err(TwinError::InvalidArgument(format!("{path} must be a JSON object"))),
         Err(e) => Err(TwinError::InvalidArgument(format!("malformed twin section {path}: {e}"))),
+    }
+}
+
+/// Checks the text of a service twin PATCH or PUT body by the rules of
+/// [`super::validate::service_body`], in the same order and with the same messages, without building
+/// its tree. The front door only checks a twin write and hands its text on to Raft, where every
+/// replica parses it for itself; the tree it built for the check was dropped at once.
+///
+/// The body is read once to split it: its two sections are kept as slices of the text, anything else
+/// is skipped (its nesting still bounded as the tree's reading bounds it). Then each section is checked
+/// as [`check_section_text`] checks one, so a key given twice in a section counts twice, as there.
+pub fn check_service_text(text: &str) -> Result<(), TwinError> {
+    let top = read_object::<2>(text, ["tags", "properties"], is_body_member)?.ok_or(BodyRule::NotAnObject)?;
+    BodyRule::unknown_members(top.unknown.iter().map(|k| &**k))?;
+    let [tags, properties] = top.found;
+    let tags = section(tags, "tags")?;
+    let mut desired = None;
+    match properties.map(RawValue::get) {
+        None | Some("null") => {}
+        Some(props) => {
+            let props = read_object::<2>(props, ["desired", "reported"], is_properties_member)?
+                .ok_or(BodyRule::PropertiesNotAnObject)?;
+            BodyRule::unknown_properties(props.unknown.iter().map(|k| &**k))?;
+            let [found_desired, reported] = props.found;
+            if let Some(r) = reported.map(RawValue::get).filter(|r| *r != "null") {
+                let empty = r.strip_prefix('{').and_then(|r| r.strip_suffix('}')).is_some_and(|r| r.trim().is_empty());
+                if !empty {
+                    return Err(BodyRule::ReportedByService.into());
+                }
+            }
+            desired = section(found_desired, "properties.desired")?;
+        }
+    }
+    if let Some(t) = tags {
+        check_section_text(t, "tags", MAX_TAGS_SIZE)?;
+    }
+    if let Some(d) = desired {
+        check_section_text(d, "properties.desired", MAX_DESIRED_SIZE)?;
+    }
+    Ok(())
+}
+
+/// A section's text if it is an object to check; `None` if absent or `null`.
+fn section<'a>(raw: Option<&'a RawValue>, path: &str) -> Result<Option<&'a str>, TwinError> {
+    match raw.map(RawValue::get) {
+        None | Some("null") => Ok(None),
+        Some(t) if t.starts_with('{') => Ok(Some(t)),
+        Some(_) => Err(BodyRule::SectionNotAnObject(path).into()),
+    }
+}
+
+/// The members of one JSON object that a body's shape looks at.
+struct Object<'de, const N: usize> {
+    /// The text of each wanted member's value (the last one, if given twice, as a parsed object keeps).
+    found: [Option<&'de RawValue>; N],
+    /// Members neither wanted nor allowed, each once, in the order first given.
+    unknown: Vec<Key<'de>>,
+}
+
+/// Reads `text` as one JSON object (`None` if it is another JSON value); any syntax error is the
+/// tree's "malformed JSON body".
+fn read_object<'de, const N: usize>(
+    text: &'de str,
+    wanted: [&'static str; N],
+    allowed: fn(&str) -> bool,
+) -> Result<Option<Object<'de, N>>, TwinError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let read = ObjectOf { wanted, allowed }.deserialize(&mut de).and_then(|o| de.end().map(|()| o));
+    read.map_err(|e| TwinError::InvalidArgument(format!("malformed JSON body: {e}")))
+}
+
+struct ObjectOf<const N: usize> {
+    wanted: [&'static str; N],
+    allowed: fn(&str) -> bool,
+}
+
+impl<'de, const N: usize> DeserializeSeed<'de> for ObjectOf<N> {
+    type Value = Option<Object<'de, N>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de, const N: usize> Visitor<'de> for ObjectOf<N> {
+    type Value = Option<Object<'de, N>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = Object { found: [None; N], unknown: Vec::new() };
+        let mut first = true;
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if std::mem::take(&mut first) && *key == *NUMBER_TOKEN {
+                map.next_value::<Skip>()?;
+                return Ok(None);
+            }
+            if let Some(i) = self.wanted.iter().position(|w| *w == &*key) {
+                object.found[i] = Some(map.next_value::<&'de RawValue>()?);
+                continue;
+            }
+            if !(self.allowed)(&key) && !object.unknown.contains(&key) {
+                object.unknown.push(key);
+            }
+            map.next_value::<Skip>()?;
+        }
+        Ok(Some(object))
+    }
+}
+
+/// A value read and dropped, through serde_json's nesting-bounded reading (the tree's), not its
+/// unbounded skip: a body the tree's reading refuses as too deep is refused here too.
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Skip, D::Error> {
+        de.deserialize_any(SkipVisitor)
+    }
+}
+
+struct SkipVisitor;
+
+impl<'de> Visitor<'de> for SkipVisitor {
+    type Value = Skip;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Skip, E> {
+        Ok(Skip)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+        while seq.next_element::<Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+        while map.next_entry::<Skip, Skip>()?.is_some() {}
+        Ok(Skip)
+    }
+}
+
+/// An object's key, borrowed from the text unless it has escapes (serde's own `Cow<str>` always
+/// copies).
+#[derive(PartialEq)]
+struct Key<'de>(Cow<'de, str>);
+
+impl std::ops::Deref for Key<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Key<'de>, D::Error> {
+        de.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Owned(s.to_string())))
     }
 }
 
@@ -136,9 +369,9 @@ impl<'de> Visitor<'de> for Check<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Measure, A::Error> {
         let mut first = true;
         let (mut kept, mut size) = (0usize, 0usize);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
             if std::mem::take(&mut first) {
-                if key == NUMBER_TOKEN {
+                if *key == *NUMBER_TOKEN {
                     let text = map.next_value::<Cow<'de, str>>()?;
                     return self.number(&text);
                 }
@@ -224,6 +457,78 @@ mod tests {
     fn refuses_what_is_not_one_object() {
         for bad in ["[1]", "1", "\"s\"", "null", "{\"a\":1} {}", "{\"a\":", ""] {
             assert!(check_section_text(bad, "tags", MAX_TAGS_SIZE).is_err(), "{bad} accepted");
+        }
+    }
+
+    /// The parsed body's verdict, with a malformed body's message cut to what both readings say.
+    fn body_tree(text: &str) -> Result<(), String> {
+        match super::super::validate::parse_json(text) {
+            Ok(v) => super::super::validate::service_body(&v).map(|_| ()).map_err(|e| e.to_string()),
+            Err(_) => Err("malformed JSON body".into()),
+        }
+    }
+
+    fn body_text(text: &str) -> Result<(), String> {
+        check_service_text(text).map_err(|e| {
+            let e = e.to_string();
+            if e.contains("malformed JSON body") {
+                "malformed JSON body".into()
+            } else {
+                e
+            }
+        })
+    }
+
+    #[test]
+    fn service_bodies_get_the_tree_checks_verdict_and_message() {
+        let deep = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let long = "x".repeat(MAX_STRING_BYTES + 1);
+        let bodies = [
+            r#"{"properties":{"desired":{"a":1}}}"#.to_string(),
+            r#"{"tags":{"t":"v"},"properties":{"desired":{"a":{"b":[1,2,{"c":null}]}}}}"#.into(),
+            r#" { "tags" : null , "properties" : { "desired" : null } } "#.into(),
+            r#"{"tags":{},"properties":{}}"#.into(),
+            r#"{"properties":null}"#.into(),
+            r#"{}"#.into(),
+            r#"{"deviceId":"d","etag":"AAAA","version":3,"capabilities":{"iotEdge":false},"tags":{"a":1}}"#.into(),
+            r#"{"properties":{"reported":{}}}"#.into(),
+            r#"{"properties":{"reported":{ }},"tags":{"x":1}}"#.into(),
+            r#"{"properties":{"reported":null}}"#.into(),
+            r#"{"properties":{"reported":{"r":1}}}"#.into(),
+            r#"{"properties":{"reported":[]}}"#.into(),
+            r#"{"properties":{"desired":{"a":1},"other":1,"more":2,"other":3}}"#.into(),
+            r#"{"nope":1,"tags":{"a":1},"alsonope":{},"nope":2}"#.into(),
+            r#"{"tags":5}"#.into(),
+            r#"{"tags":"s"}"#.into(),
+            r#"{"tags":[]}"#.into(),
+            r#"{"properties":{"desired":true}}"#.into(),
+            r#"{"properties":[1]}"#.into(),
+            r#"{"properties":"p"}"#.into(),
+            r#"{"tags":{"bad.key":1}}"#.into(),
+            r#"{"tags":{"a":1},"tags":{"$bad":1}}"#.into(),
+            r#"{"tags":{"$bad":1},"tags":{"a":1}}"#.into(),
+            r#"{"tags":{"bad key":1},"properties":{"desired":{"$x":1}}}"#.into(),
+            format!(r#"{{"properties":{{"desired":{{"s":"{long}"}}}}}}"#),
+            format!(r#"{{"tags":{{"big":{}}}}}"#, 4_503_599_627_370_496_i64),
+            r#"{"tags":{"n":1e400}}"#.into(),
+            format!(r#"{{"capabilities":{}}}"#, deep(200)),
+            format!(r#"{{"tags":{{"a":{}}}}}"#, deep(12)),
+            r#"{"tags":{"a":1},"properties":{"desired":{"k":2}}}"#.into(),
+            r#"{"$serde_json::private::Number":"5"}"#.into(),
+            "[1, 2]".into(),
+            "5".into(),
+            "-1.5e3".into(),
+            r#""text""#.into(),
+            "null".into(),
+            "true".into(),
+            "{".into(),
+            r#"{"tags":{"a":1}"#.into(),
+            r#"{"tags":{"a":1}} {}"#.into(),
+            r#"{"tags":{"a":01}}"#.into(),
+            "".into(),
+        ];
+        for body in &bodies {
+            assert_eq!(body_text(body), body_tree(body), "{}", &body[..body.len().min(100)]);
         }
     }
 
