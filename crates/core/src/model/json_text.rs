@@ -14,6 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::json_read::RAW_VALUE_TOKEN;
+
 /// JSON text, known to be one valid JSON value. Serializes as that value (not as a string), so a
 /// message that carries it looks the same on the wire as one that carried the parsed document.
 #[derive(Clone, PartialEq, Eq)]
@@ -74,13 +76,11 @@ impl fmt::Debug for JsonText {
     }
 }
 
-/// The name of the one-field struct that serde_json's serializer writes as the field's text, verbatim:
+/// Written as the one-field struct that serde_json's serializer writes as the field's text, verbatim:
 /// the shape [`RawValue`] serializes as. Going through `RawValue` itself would mean reading the whole
 /// text again to check it (it was checked when it was made), and that read was most of what it cost
 /// to send a forwarded write's answer or a change event. The tests below hold this to `RawValue`'s own
 /// output, so a serde_json that changed the name would fail them.
-const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
-
 impl Serialize for JsonText {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut raw = s.serialize_struct(RAW_VALUE_TOKEN, 1)?;

@@ -17,6 +17,7 @@ mod doc;
 pub mod error;
 mod etag;
 pub mod jobs;
+mod json_read;
 mod json_text;
 pub mod method;
 mod packed;

@@ -13,18 +13,15 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::fmt;
 
-use serde::de::{Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::error::TwinError;
+use super::json_read::{not_objects, read_text, Key, Read, Skip, TreeNeeded, NUMBER_TOKEN};
 use super::validate::{
-    check_key, check_level, check_number_text, check_size, is_body_member, is_properties_member, text_size, BodyRule,
-    Path, MAX_DESIRED_SIZE, MAX_STRING_BYTES, MAX_TAGS_SIZE,
+    check_key, check_level, check_number_text, check_size, is_body_member, is_properties_member, parse_json,
+    service_body, text_size, BodyRule, Path, MAX_DESIRED_SIZE, MAX_STRING_BYTES, MAX_TAGS_SIZE,
 };
-
-/// The key under which serde_json (with `arbitrary_precision`) hands a number to a visitor, as a
-/// one-member map holding the number's text.
-const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// Checks `text`, a section's JSON object, by the rules of a section at `path` whose size may not
 /// exceed `limit`, counted as a patch's (members whose value is `null` are removals, not counted).
@@ -50,9 +47,14 @@ pub fn check_section_text(text: &str, path: &str, limit: usize) -> Result<(), Tw
 ///
 /// The body is read once to split it: its two sections are kept as slices of the text, anything else
 /// is skipped (its nesting still bounded as the tree's reading bounds it). Then each section is checked
-/// as [`check_section_text`] checks one, so a key given twice in a section counts twice, as there.
+/// as [`check_section_text`] checks one, so a key given twice in a section counts twice, as there. A
+/// body that gives a section twice, or holds one of serde_json's private keys where its tree reads
+/// them specially (see `json_read`), is checked as a tree instead.
 pub fn check_service_text(text: &str) -> Result<(), TwinError> {
-    let top = read_object::<2>(text, ["tags", "properties"], is_body_member)?.ok_or(BodyRule::NotAnObject)?;
+    let top = match read_object::<2>(text, ["tags", "properties"], is_body_member)? {
+        Read::Text(top) => top.ok_or(BodyRule::NotAnObject)?,
+        Read::Tree => return service_body(&parse_json(text)?).map(|_| ()),
+    };
     BodyRule::unknown_members(top.unknown.iter().map(|k| &**k))?;
     let [tags, properties] = top.found;
     let tags = section(tags, "tags")?;
@@ -60,8 +62,10 @@ pub fn check_service_text(text: &str) -> Result<(), TwinError> {
     match properties.map(RawValue::get) {
         None | Some("null") => {}
         Some(props) => {
-            let props = read_object::<2>(props, ["desired", "reported"], is_properties_member)?
-                .ok_or(BodyRule::PropertiesNotAnObject)?;
+            let props = match read_object::<2>(props, ["desired", "reported"], is_properties_member)? {
+                Read::Text(props) => props.ok_or(BodyRule::PropertiesNotAnObject)?,
+                Read::Tree => return service_body(&parse_json(text)?).map(|_| ()),
+            };
             BodyRule::unknown_properties(props.unknown.iter().map(|k| &**k))?;
             let [found_desired, reported] = props.found;
             if let Some(r) = reported.map(RawValue::get).filter(|r| *r != "null") {
@@ -100,23 +104,23 @@ struct Object<'de, const N: usize> {
 }
 
 /// Reads `text` as one JSON object (`None` if it is another JSON value); any syntax error is the
-/// tree's "malformed JSON body".
+/// tree's "malformed JSON body". [`Read::Tree`] if the text holds what only the tree reads right.
 fn read_object<'de, const N: usize>(
     text: &'de str,
     wanted: [&'static str; N],
     allowed: fn(&str) -> bool,
-) -> Result<Option<Object<'de, N>>, TwinError> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    let read = ObjectOf { wanted, allowed }.deserialize(&mut de).and_then(|o| de.end().map(|()| o));
-    read.map_err(|e| TwinError::InvalidArgument(format!("malformed JSON body: {e}")))
+) -> Result<Read<Option<Object<'de, N>>>, TwinError> {
+    let tree = TreeNeeded::default();
+    read_text(text, ObjectOf { wanted, allowed, tree: &tree }, &tree)
 }
 
-struct ObjectOf<const N: usize> {
+struct ObjectOf<'f, const N: usize> {
     wanted: [&'static str; N],
     allowed: fn(&str) -> bool,
+    tree: &'f TreeNeeded,
 }
 
-impl<'de, const N: usize> DeserializeSeed<'de> for ObjectOf<N> {
+impl<'de, const N: usize> DeserializeSeed<'de> for ObjectOf<'_, N> {
     type Value = Option<Object<'de, N>>;
 
     fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
@@ -124,151 +128,37 @@ impl<'de, const N: usize> DeserializeSeed<'de> for ObjectOf<N> {
     }
 }
 
-impl<'de, const N: usize> Visitor<'de> for ObjectOf<N> {
+impl<'de, const N: usize> Visitor<'de> for ObjectOf<'_, N> {
     type Value = Option<Object<'de, N>>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<Skip>()?.is_some() {}
-        Ok(None)
-    }
+    not_objects!(None, s => s.tree);
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut object = Object { found: [None; N], unknown: Vec::new() };
         let mut first = true;
         while let Some(key) = map.next_key::<Key<'de>>()? {
-            if std::mem::take(&mut first) && *key == *NUMBER_TOKEN {
-                map.next_value::<Skip>()?;
-                return Ok(None);
+            if std::mem::take(&mut first) {
+                self.tree.unless_plain(&key)?;
             }
             if let Some(i) = self.wanted.iter().position(|w| *w == &*key) {
-                object.found[i] = Some(map.next_value::<&'de RawValue>()?);
+                // A section given twice: the tree keeps the last, and this reading checks only the
+                // section it keeps, so the first could hide what the tree would refuse (serde_json
+                // reads some objects specially, see `json_read`). Rare enough to leave to the tree.
+                if object.found[i].replace(map.next_value::<&'de RawValue>()?).is_some() {
+                    return Err(self.tree.stop());
+                }
                 continue;
             }
             if !(self.allowed)(&key) && !object.unknown.contains(&key) {
                 object.unknown.push(key);
             }
-            map.next_value::<Skip>()?;
+            map.next_value_seed(Skip(self.tree))?;
         }
         Ok(Some(object))
-    }
-}
-
-/// A value read and dropped, through serde_json's nesting-bounded reading (the tree's), not its
-/// unbounded skip: a body the tree's reading refuses as too deep is refused here too.
-struct Skip;
-
-impl<'de> Deserialize<'de> for Skip {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Skip, D::Error> {
-        de.deserialize_any(SkipVisitor)
-    }
-}
-
-struct SkipVisitor;
-
-impl<'de> Visitor<'de> for SkipVisitor {
-    type Value = Skip;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Skip, E> {
-        Ok(Skip)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
-        while seq.next_element::<Skip>()?.is_some() {}
-        Ok(Skip)
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
-        while map.next_entry::<Skip, Skip>()?.is_some() {}
-        Ok(Skip)
-    }
-}
-
-/// An object's key, borrowed from the text unless it has escapes (serde's own `Cow<str>` always
-/// copies).
-#[derive(PartialEq)]
-struct Key<'de>(Cow<'de, str>);
-
-impl std::ops::Deref for Key<'_> {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Key<'de>, D::Error> {
-        de.deserialize_str(KeyVisitor)
-    }
-}
-
-struct KeyVisitor;
-
-impl<'de> Visitor<'de> for KeyVisitor {
-    type Value = Key<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string")
-    }
-
-    fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
-        Ok(Key(Cow::Borrowed(s)))
-    }
-
-    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Key<'de>, E> {
-        Ok(Key(Cow::Owned(s.to_string())))
     }
 }
 
@@ -408,6 +298,7 @@ impl Check<'_, '_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::json_read::RAW_VALUE_TOKEN;
     use crate::model::validate::{check_sections, Section, MAX_DEPTH, MAX_TAGS_SIZE};
     use serde_json::{json, Value};
 
@@ -530,6 +421,131 @@ mod tests {
         for body in &bodies {
             assert_eq!(body_text(body), body_tree(body), "{}", &body[..body.len().min(100)]);
         }
+    }
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[self.below(from.len())]
+        }
+
+        fn value(&mut self, depth: usize) -> String {
+            match self.below(if depth > 3 { 6 } else { 9 }) {
+                0 => "null".into(),
+                1 => self.pick(&["true", "false"]).into(),
+                2 => self.pick(&["1", "-2.5e3", "1e400", "4503599627370496", "0"]).into(),
+                3 => self.pick(&[r#""s""#, r#""a\"b""#, r#""\u00e9""#, r#""""#]).into(),
+                4 => format!("{}1{}", "[".repeat(125 + self.below(8)), "]".repeat(125 + self.below(8))),
+                5 => "{}".into(),
+                6 | 7 => {
+                    let keys = ["a", "b", "$x", "a.b", "a b", NUMBER_TOKEN, RAW_VALUE_TOKEN];
+                    let members: Vec<String> = (0..self.below(4))
+                        .map(|_| {
+                            let key = self.pick(&keys);
+                            let value = match key {
+                                k if k == NUMBER_TOKEN => self.pick(&[r#""5""#, r#""abc""#, "5"]).into(),
+                                k if k == RAW_VALUE_TOKEN => {
+                                    self.pick(&[r#""{\"tags\":{\"a\":1}}""#, r#""[[""#, "1", r#""7""#]).into()
+                                }
+                                _ => self.value(depth + 1),
+                            };
+                            format!("{key:?}:{value}")
+                        })
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }
+                _ => format!("[{},{}]", self.value(depth + 1), self.value(depth + 1)),
+            }
+        }
+
+        fn properties(&mut self) -> String {
+            if self.below(6) == 0 {
+                return self.value(1);
+            }
+            let keys = ["desired", "reported", "other", NUMBER_TOKEN, RAW_VALUE_TOKEN];
+            let members: Vec<String> = (0..self.below(4))
+                .map(|_| {
+                    let key = self.pick(&keys);
+                    let value = match key {
+                        "reported" => self.pick(&["{}", "{ }", "null", r#"{"r":1}"#, "[]"]).into(),
+                        "desired" => self.value(1),
+                        k if k == RAW_VALUE_TOKEN => r#""{\"desired\":{\"a\":1}}""#.into(),
+                        _ => self.value(1),
+                    };
+                    format!("{key:?}:{value}")
+                })
+                .collect();
+            format!("{{{}}}", members.join(","))
+        }
+
+        fn body(&mut self) -> String {
+            if self.below(12) == 0 {
+                return self.value(0);
+            }
+            let keys =
+                ["tags", "properties", "deviceId", "etag", "nope", "x.y", "t\u{61}gs", NUMBER_TOKEN, RAW_VALUE_TOKEN];
+            let members: Vec<String> = (0..self.below(6))
+                .map(|_| {
+                    let key = self.pick(&keys);
+                    let value = match key {
+                        "properties" => self.properties(),
+                        k if k == RAW_VALUE_TOKEN => r#""{\"tags\":{\"a\":1}}""#.into(),
+                        k if k == NUMBER_TOKEN => self.pick(&[r#""5""#, r#""x""#]).into(),
+                        _ => self.value(0),
+                    };
+                    // Some keys spelled with an escape, as a client may.
+                    let key = if key == "tags" && self.below(4) == 0 {
+                        r#""t\u0061gs""#.to_string()
+                    } else {
+                        format!("{key:?}")
+                    };
+                    format!("{key}:{value}")
+                })
+                .collect();
+            let mut text = format!("{{{}}}", members.join(","));
+            match self.below(12) {
+                0 => text.truncate(self.below(text.len() + 1)),
+                1 => text.insert(
+                    self.below(text.len() + 1),
+                    self.pick(&["{", "}", "[", ",", ":", "\"", "x"]).chars().next().unwrap_or('x'),
+                ),
+                _ => {}
+            }
+            text
+        }
+    }
+
+    /// Generated bodies (sections, ignored and unknown members, members given twice, deep nesting,
+    /// serde_json's private keys, broken text): the text check never accepts what the tree refuses.
+    #[test]
+    fn generated_bodies_are_never_accepted_when_the_tree_refuses_them() {
+        let mut rng = Rng(0x5eed_2026_1204);
+        let (mut accepted, mut tree_read) = (0, 0);
+        for _ in 0..20_000 {
+            let text = rng.body();
+            let tree = body_tree(&text);
+            if check_service_text(&text).is_ok() {
+                assert!(tree.is_ok(), "the text check accepted {text}");
+                accepted += 1;
+            }
+            tree_read +=
+                usize::from(matches!(read_object::<2>(&text, ["tags", "properties"], is_body_member), Ok(Read::Tree)));
+        }
+        // The draw reaches both verdicts and the tree's reading, or the test would prove little.
+        assert!(accepted > 2_000 && accepted < 18_000, "{accepted} accepted");
+        assert!(tree_read > 200, "{tree_read} read as trees");
     }
 
     #[test]
