@@ -404,7 +404,7 @@ mod tests {
             r#"{"tags":{"n":1e400}}"#.into(),
             format!(r#"{{"capabilities":{}}}"#, deep(200)),
             format!(r#"{{"tags":{{"a":{}}}}}"#, deep(12)),
-            r#"{"tags":{"a":1},"properties":{"desired":{"k":2}}}"#.into(),
+            r#"{"t\u0061gs":{"a":1},"\u0070roperties":{"d\u0065sired":{"k":2}}}"#.into(),
             r#"{"$serde_json::private::Number":"5"}"#.into(),
             "[1, 2]".into(),
             "5".into(),
@@ -494,8 +494,7 @@ mod tests {
             if self.below(12) == 0 {
                 return self.value(0);
             }
-            let keys =
-                ["tags", "properties", "deviceId", "etag", "nope", "x.y", "t\u{61}gs", NUMBER_TOKEN, RAW_VALUE_TOKEN];
+            let keys = ["tags", "properties", "deviceId", "etag", "nope", "x.y", NUMBER_TOKEN, RAW_VALUE_TOKEN];
             let members: Vec<String> = (0..self.below(6))
                 .map(|_| {
                     let key = self.pick(&keys);
