@@ -1,11 +1,11 @@
 //! Pieces for reading JSON text without building its tree, the way serde_json's tree reads it.
 //!
 //! The front door's check of a twin body (`validate_text`) uses them: it must never accept what the
-//! tree's reading and check refuse. Two of serde_json's
-//! private keys make its tree read an object as something else when the key comes first: a number
-//! (with `arbitrary_precision`) and a raw value (with `raw_value`; the string after it is read again
-//! as JSON). No SDK sends them. A reader that meets one where the tree would treat it that way does not
-//! imitate the tree: it says so ([`TreeNeeded`]), and its caller reads the whole text as a tree instead.
+//! tree's reading and check refuse. Two of serde_json's private keys make its tree read an object as
+//! something else when the key comes first: a number (with `arbitrary_precision`) and a raw value (with
+//! `raw_value`; the string after it is read again as JSON). No SDK sends them. A reader that meets one
+//! where the tree would treat it that way does not imitate the tree: it says so ([`TreeNeeded`]), and
+//! its caller reads the whole text as a tree instead.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -29,7 +29,8 @@ pub(super) enum Read<T> {
     Tree,
 }
 
-/// Set by a reader that met a private key first in an object; the reading then stops.
+/// Set by a reader that met what only the tree reads right (a private key first in an object, or
+/// whatever its caller leaves to the tree); the reading then stops.
 #[derive(Default)]
 pub(super) struct TreeNeeded(Cell<bool>);
 
