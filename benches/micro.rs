@@ -91,8 +91,7 @@ fn front_door(c: &mut Criterion) {
         g.bench_function(format!("{name}/tree"), |b| {
             b.iter(|| {
                 let doc = twinhub::model::validate::parse_json(black_box(body)).expect("json");
-                let b = twinhub::model::validate::service_body(&doc).expect("valid");
-                matches!(b.desired, twinhub::model::validate::Section::Object(_))
+                validate_twin_patch(&doc).expect("valid")
             })
         });
         g.bench_function(format!("{name}/front_door_text"), |b| {
