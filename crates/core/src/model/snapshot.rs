@@ -10,10 +10,14 @@
 //!    loaded shard's bytes, and as JSON each node of a twin's tree spelled out its field names and
 //!    timestamps: a 1,165-byte twin took about 1.9 KB, and encoding 16 shards of 60k twins each took
 //!    a fifth of the CPU of a bulk load (benches/README.md).
-//! 4. As 3, under the tag [`BINARY_TAG`] ([`Binary`]), with the window of recent replies taken out
-//!    of the JSON part and carried as length-prefixed text. The window is up to 4 MiB of twin
-//!    documents, two thirds of a snapshot under write load; inside the JSON part, every encode parsed
-//!    all of it again to embed it as JSON values. Reading checks each reply is one JSON value.
+//! 4. As 3, under the tag [`REPLIES_APART_TAG`] ([`Binary4`]), with the window of recent replies
+//!    taken out of the JSON part and carried as length-prefixed text. The window is up to 4 MiB of
+//!    twin documents, two thirds of a snapshot under write load; inside the JSON part, every encode
+//!    parsed all of it again to embed it as JSON values. Reading checks each reply is one JSON value.
+//! 5. As 4, under the tag [`BINARY_TAG`] ([`Binary`]), with the window of recent outcomes (ten
+//!    thousand request ids and what each command did) taken out of the JSON part as well and written
+//!    in postcard. As JSON, each 128-bit request id was spelled out in decimal and the text grew by
+//!    doubling into fresh pages: under write load that was half of what encoding a small shard cost.
 //!
 //! Twin sections are written as the bytes a shard holds them in ([`super::packed`]), so encoding
 //! copies them and decoding checks them, without building a tree.
@@ -23,12 +27,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::command::RequestId;
+use super::dedupe::Dedupe;
 use super::json_text::JsonText;
 use super::registry::DeviceEntry;
 use super::{tag_index, ShardState};
 
 /// The first bytes of a binary snapshot. A JSON snapshot starts with `{`.
-const BINARY_TAG: &[u8; 8] = b"twinsnp4";
+const BINARY_TAG: &[u8; 8] = b"twinsnp5";
+
+/// The first bytes of a binary snapshot written with the window of recent outcomes in its JSON part.
+const REPLIES_APART_TAG: &[u8; 8] = b"twinsnp4";
 
 /// The first bytes of a binary snapshot written with the replies inside its JSON part.
 const JSON_REPLIES_TAG: &[u8; 8] = b"twinsnp3";
@@ -47,6 +55,18 @@ struct Json {
 
 #[derive(Serialize, Deserialize)]
 struct Binary<'a> {
+    /// JSON of the state with its devices and both windows left out.
+    rest: &'a str,
+    /// The window of recent outcomes, oldest first.
+    outcomes: Dedupe,
+    /// The window of recent replies, oldest first: request id and document text.
+    #[serde(borrow)]
+    replies: Vec<(RequestId, &'a str)>,
+    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Binary4<'a> {
     /// JSON of the state with its devices and replies left out.
     rest: &'a str,
     /// The window of recent replies, oldest first: request id and document text.
@@ -91,10 +111,11 @@ impl SnapshotImage {
         let mut state = self.0;
         let devices = std::mem::take(&mut state.devices);
         let window = std::mem::take(&mut state.replies);
+        let outcomes = std::mem::take(&mut state.dedupe);
         let Ok(rest) = serde_json::to_string(&state) else { return };
         let replies = window.in_order().map(|(id, doc)| (id, doc.as_str())).collect();
         out.extend_from_slice(BINARY_TAG);
-        if postcard::to_io(&Binary { rest: &rest, replies, devices }, &mut *out).is_err() {
+        if postcard::to_io(&Binary { rest: &rest, outcomes, replies, devices }, &mut *out).is_err() {
             out.clear();
         }
     }
@@ -140,19 +161,32 @@ impl ShardState {
             state.devices = binary.devices;
             Ok(state)
         };
+        // The JSON part, then the replies' texts (each checked to be one JSON value) and the devices.
+        let read = |rest: &str, replies: Vec<(RequestId, &str)>, devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>| {
+            let mut state: ShardState = serde_json::from_str(rest).map_err(|e| corrupt(&e))?;
+            let replies = replies.into_iter().map(|(id, text)| Ok((id, JsonText::parse(text)?)));
+            let replies: Result<Vec<_>, serde_json::Error> = replies.collect();
+            state.replies = replies.map_err(|e| corrupt(&format_args!("a reply: {e}")))?.into();
+            state.devices = devices;
+            Ok::<_, String>(state)
+        };
         let binary = |body: &[u8]| -> Result<ShardState, String> {
             let (binary, trailing) = postcard::take_from_bytes::<Binary>(body).map_err(|e| corrupt(&e))?;
             whole(trailing)?;
-            let mut state: ShardState = serde_json::from_str(binary.rest).map_err(|e| corrupt(&e))?;
-            let replies = binary.replies.into_iter().map(|(id, text)| Ok((id, JsonText::parse(text)?)));
-            let replies: Result<Vec<_>, serde_json::Error> = replies.collect();
-            state.replies = replies.map_err(|e| corrupt(&format_args!("a reply: {e}")))?.into();
-            state.devices = binary.devices;
+            let mut state = read(binary.rest, binary.replies, binary.devices)?;
+            state.dedupe = binary.outcomes;
             Ok(state)
+        };
+        let binary4 = |body: &[u8]| -> Result<ShardState, String> {
+            let (binary, trailing) = postcard::take_from_bytes::<Binary4>(body).map_err(|e| corrupt(&e))?;
+            whole(trailing)?;
+            read(binary.rest, binary.replies, binary.devices)
         };
         let tagged = |tag: &[u8; 8]| bytes.strip_prefix(tag.as_slice());
         let mut state = if let Some(body) = tagged(BINARY_TAG) {
             binary(body)?
+        } else if let Some(body) = tagged(REPLIES_APART_TAG) {
+            binary4(body)?
         } else if let Some(body) = tagged(JSON_REPLIES_TAG) {
             binary3(body)?
         } else if let Some(body) = tagged(NODE_TAG) {
@@ -205,10 +239,13 @@ mod tests {
         assert!(state.replies.get(&cmd.request_id).is_some(), "the write's reply is in the window");
         let current = state.encode_snapshot();
         assert!(current.starts_with(BINARY_TAG));
+        assert!(state.dedupe.get(&cmd.request_id).is_some(), "the write's outcome is in the window");
+        let v4 = [&REPLIES_APART_TAG[..], &layout4(&state)].concat();
         let v3 = [&JSON_REPLIES_TAG[..], &layout3(&state)].concat();
         let v2 = [&NODE_TAG[..], &super::super::packed::with_node_layout(|| layout3(&state))].concat();
         assert_ne!(v2[NODE_TAG.len()..], v3[JSON_REPLIES_TAG.len()..], "sections differ in layout");
-        for (name, bytes) in [("tree", &v2), ("replies in JSON", &v3), ("replies as text", &current)] {
+        let layouts = [("tree", &v2), ("replies in JSON", &v3), ("outcomes in JSON", &v4), ("outcomes apart", &current)];
+        for (name, bytes) in layouts {
             let read = ShardState::decode_snapshot(bytes).unwrap_or_else(|e| panic!("{name} layout: {e}"));
             assert_eq!(read, state, "{name} layout");
             assert!(read.tag_index_is_consistent(), "{name} layout");
@@ -221,6 +258,49 @@ mod tests {
         let devices = std::mem::take(&mut state.devices);
         let rest = serde_json::to_string(&state).expect("json");
         postcard::to_allocvec(&Binary3 { rest: &rest, devices }).expect("postcard")
+    }
+
+    /// The body of the fourth layout: the state's JSON with the outcomes in it, then the replies'
+    /// texts and the devices.
+    fn layout4(state: &ShardState) -> Vec<u8> {
+        let mut state = state.clone();
+        let devices = std::mem::take(&mut state.devices);
+        let window = std::mem::take(&mut state.replies);
+        let rest = serde_json::to_string(&state).expect("json");
+        let replies = window.in_order().map(|(id, doc)| (id, doc.as_str())).collect();
+        postcard::to_allocvec(&Binary4 { rest: &rest, replies, devices }).expect("postcard")
+    }
+
+    /// Every kind of outcome the window holds reads back from the binary window as it was.
+    #[test]
+    fn every_kind_of_outcome_survives_a_snapshot() {
+        use super::super::dedupe::{Remembered, WrittenTwin};
+        use super::super::TwinError;
+        let outcomes = [
+            Remembered::Err(TwinError::ModuleNotFound { device: "d".into(), module: "m".into() }),
+            Remembered::Err(TwinError::TooManyModulesOnDevice { device: "d".into(), max: 50 }),
+            Remembered::Done,
+            Remembered::Reported(-3),
+            Remembered::Device("d".into()),
+            Remembered::Module("d".into(), "m".into()),
+            Remembered::Twin(WrittenTwin::new(Arc::from("d"), None)),
+            Remembered::Twin(WrittenTwin::new(Arc::from("d"), Some("m"))),
+            Remembered::Job("j".into()),
+            Remembered::Bulk(vec![None, Some(TwinError::DeviceAlreadyExists("e".into()))]),
+            Remembered::Claim { claimed: true, running: false },
+            Remembered::Configuration("c".into()),
+            Remembered::Certificate("ca".into()),
+            Remembered::BulkDone(7),
+        ];
+        let mut state = ShardState::default();
+        for (i, outcome) in outcomes.iter().enumerate() {
+            state.dedupe.remember(RequestId(u128::MAX - i as u128), outcome.clone());
+        }
+        let read = ShardState::decode_snapshot(&state.encode_snapshot()).expect("decode");
+        assert_eq!(read.dedupe, state.dedupe);
+        for (i, outcome) in outcomes.iter().enumerate() {
+            assert_eq!(read.dedupe.get(&RequestId(u128::MAX - i as u128)), Some(outcome));
+        }
     }
 
     #[test]
