@@ -10,6 +10,7 @@ mod bulk;
 mod certificates;
 mod changes;
 mod configurations;
+mod headers;
 pub mod console;
 pub mod error;
 mod jobs;

@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
+use super::headers::Headers;
 use super::registry::{if_match, propose};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
@@ -54,7 +55,7 @@ async fn write(
 pub async fn get_twin(
     State(st): State<Shared>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Result<Response, ApiError> {
     get(st, TwinId::device(id), headers).await
 }
@@ -62,7 +63,7 @@ pub async fn get_twin(
 pub async fn get_module_twin(
     State(st): State<Shared>,
     Path((id, mid)): Path<(String, String)>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
 ) -> Result<Response, ApiError> {
     get(st, TwinId::module(id, mid), headers).await
 }
@@ -70,7 +71,7 @@ pub async fn get_module_twin(
 pub async fn update_twin(
     State(st): State<Shared>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     write(st, TwinId::device(id), headers, raw, false).await
@@ -79,7 +80,7 @@ pub async fn update_twin(
 pub async fn replace_twin(
     State(st): State<Shared>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     write(st, TwinId::device(id), headers, raw, true).await
@@ -88,7 +89,7 @@ pub async fn replace_twin(
 pub async fn update_module_twin(
     State(st): State<Shared>,
     Path((id, mid)): Path<(String, String)>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     write(st, TwinId::module(id, mid), headers, raw, false).await
@@ -97,7 +98,7 @@ pub async fn update_module_twin(
 pub async fn replace_module_twin(
     State(st): State<Shared>,
     Path((id, mid)): Path<(String, String)>,
-    headers: HeaderMap,
+    Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     write(st, TwinId::module(id, mid), headers, raw, true).await
