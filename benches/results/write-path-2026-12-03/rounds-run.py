@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # rounds-run.py BINDIR LABEL [extra compare args]: a twinhub-only compare (files in /tmp/rounds/LABEL); every
-# node's /metrics scraped 11 s and 31 s after the closed loop starts (its 5 s warm-up over); prints the counters' growth per update.
+# node's /metrics scraped 11 s and 31 s after the closed loop starts (its 5 s warm-up over); prints the counters' growth per update, the snapshot counters among them (encodes, their time, their bytes).
 import subprocess,sys,time,re,os,ssl,urllib.request,json,collections
 bd,label,extra=sys.argv[1],sys.argv[2],sys.argv[3:]
 w=f'/tmp/rounds/{label}'; os.makedirs(w,exist_ok=True)
@@ -35,9 +35,10 @@ a=scrape(); t0=time.time(); time.sleep(20); b=scrape(); dt=time.time()-t0
 p.wait()
 ups=(b['twinhub_http_request_duration_seconds_count{PATCH twin}']-a['twinhub_http_request_duration_seconds_count{PATCH twin}'])
 out=[f'{label}: {round(ups/dt)} PATCH /twins/{{id}} per second over {dt:.0f} s of the window (all nodes)']
-for k in ['twinhub_raft_batch_commands_count','twinhub_raft_entries_sent_total','twinhub_raft_appends_sent_total','twinhub_rpc_append_batched_total','twinhub_rpc_write_batched_total','twinhub_route_forwarded_total','twinhub_rpc_requests_total','twinhub_storage_fsync_seconds_count','twinhub_storage_fsync_seconds_sum']:
+for k in ['twinhub_raft_batch_commands_count','twinhub_raft_entries_sent_total','twinhub_raft_appends_sent_total','twinhub_rpc_append_batched_total','twinhub_rpc_write_batched_total','twinhub_route_forwarded_total','twinhub_rpc_requests_total','twinhub_storage_fsync_seconds_count','twinhub_storage_fsync_seconds_sum','twinhub_snapshot_encode_seconds_count','twinhub_snapshot_encode_seconds_sum','twinhub_snapshot_bytes_total']:
     d=b[k]-a[k]
     out.append(f'  {k:45s} {d/ups:7.3f} per update {d/dt:8.0f}/s')
+out.append(f"  mean snapshot encode ms {1000*(b['twinhub_snapshot_encode_seconds_sum']-a['twinhub_snapshot_encode_seconds_sum'])/max(1,b['twinhub_snapshot_encode_seconds_count']-a['twinhub_snapshot_encode_seconds_count']):.2f}")
 out.append(f"  mean fsync ms {1000*(b['twinhub_storage_fsync_seconds_sum']-a['twinhub_storage_fsync_seconds_sum'])/max(1,b['twinhub_storage_fsync_seconds_count']-a['twinhub_storage_fsync_seconds_count']):.3f}")
 out.append('  compare row: '+''.join(l for l in open(f'{w}/c.txt') if l.startswith('twinhub')).strip())
 open(f'{w}/counts.txt','w').write('\n'.join(out)+'\n'); print('\n'.join(out))
