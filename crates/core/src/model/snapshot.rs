@@ -244,7 +244,8 @@ mod tests {
         let v3 = [&JSON_REPLIES_TAG[..], &layout3(&state)].concat();
         let v2 = [&NODE_TAG[..], &super::super::packed::with_node_layout(|| layout3(&state))].concat();
         assert_ne!(v2[NODE_TAG.len()..], v3[JSON_REPLIES_TAG.len()..], "sections differ in layout");
-        let layouts = [("tree", &v2), ("replies in JSON", &v3), ("outcomes in JSON", &v4), ("outcomes apart", &current)];
+        let layouts =
+            [("tree", &v2), ("replies in JSON", &v3), ("outcomes in JSON", &v4), ("outcomes apart", &current)];
         for (name, bytes) in layouts {
             let read = ShardState::decode_snapshot(bytes).unwrap_or_else(|e| panic!("{name} layout: {e}"));
             assert_eq!(read, state, "{name} layout");
