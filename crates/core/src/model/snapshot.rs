@@ -17,7 +17,7 @@
 //! 5. As 4, under the tag [`BINARY_TAG`] ([`Binary`]), with the window of recent outcomes (ten
 //!    thousand request ids and what each command did) taken out of the JSON part as well and written
 //!    in postcard. As JSON, each 128-bit request id was spelled out in decimal and the text grew by
-//!    doubling into fresh pages: under write load that was half of what encoding a small shard cost.
+//!    doubling into fresh pages: about a third of what encoding a small shard cost after a write load.
 //!
 //! Twin sections are written as the bytes a shard holds them in ([`super::packed`]), so encoding
 //! copies them and decoding checks them, without building a tree.
