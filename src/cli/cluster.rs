@@ -283,9 +283,9 @@ pub fn read_cluster_file(dir: &Path) -> Result<ClusterFile, LauncherError> {
 /// Runtime threads for each of `nodes` nodes started on one machine of `cores` cores: the cores shared
 /// out, at least one each (`None` for a single node, which keeps its own default of one per core).
 /// Each node's runtime otherwise starts a thread per core, so three nodes on two cores ran six runtime
-/// threads that preempted one another and the nodes' storage threads; one each did 3 % more updates
-/// per second at 4 % less CPU per update in the closed-loop compare (benches/README.md, "Runtime
-/// threads of a local cluster").
+/// threads that preempted one another and the nodes' storage threads; with one each the closed-loop
+/// compare did as many updates per second at 4 % less CPU per update, and the three nodes held 35 MB
+/// less (benches/README.md, "a local cluster's nodes share the machine's cores").
 fn shared_cores(nodes: u32, cores: usize) -> Option<usize> {
     (nodes > 1).then(|| (cores / nodes as usize).max(1))
 }
