@@ -98,8 +98,7 @@ pub struct UpArgs {
     /// Raft heartbeat of every node in milliseconds (elections time out after 3 to 6 heartbeats)
     #[arg(long)]
     pub raft_heartbeat_ms: Option<u64>,
-    /// Runtime threads of every node [default: the machine's cores shared out among the nodes, at
-    /// least one each; a single node keeps its own default, one per core]
+    /// Runtime threads of every node [default: the node's, one per CPU core]
     #[arg(long)]
     pub worker_threads: Option<usize>,
     /// A node option for every node's config file, as `key=value` in the file's TOML form
@@ -280,20 +279,6 @@ pub fn read_cluster_file(dir: &Path) -> Result<ClusterFile, LauncherError> {
     serde_json::from_str(&text).map_err(|e| LauncherError::Usage(format!("{}: {e}", path.display())))
 }
 
-/// Runtime threads for each of `nodes` nodes started on one machine of `cores` cores: the cores shared
-/// out, at least one each (`None` for a single node, which keeps its own default of one per core).
-/// Each node's runtime otherwise starts a thread per core, so three nodes on two cores ran six runtime
-/// threads that preempted one another and the nodes' storage threads; with one each the closed-loop
-/// compare did as many updates per second at 4 % less CPU per update, and the three nodes held 35 MB
-/// less (benches/README.md, "a local cluster's nodes share the machine's cores").
-fn shared_cores(nodes: u32, cores: usize) -> Option<usize> {
-    (nodes > 1).then(|| (cores / nodes as usize).max(1))
-}
-
-fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 fn up(a: UpArgs) -> Result<(), LauncherError> {
     if a.nodes == 0 {
         return Err(LauncherError::Usage("--nodes must be at least 1".into()));
@@ -340,7 +325,7 @@ fn up(a: UpArgs) -> Result<(), LauncherError> {
         bin: bin.clone(),
         removed: Vec::new(),
         raft_heartbeat_ms: a.raft_heartbeat_ms,
-        worker_threads: a.worker_threads.or_else(|| shared_cores(a.nodes, available_cores())),
+        worker_threads: a.worker_threads,
         node_options: a.node_options.clone(),
     };
     for (i, id) in ids.iter().enumerate() {
@@ -940,15 +925,7 @@ fn print_status(nodes: Vec<serde_json::Value>, all: &Views, shard_count: u32, js
 
 #[cfg(test)]
 mod node_option_tests {
-    use super::{parse_node_option, plaintext_asked, shared_cores};
-
-    #[test]
-    fn nodes_on_one_machine_share_its_cores() {
-        assert_eq!(shared_cores(1, 8), None, "a single node keeps its own default");
-        assert_eq!(shared_cores(3, 2), Some(1), "at least one thread each");
-        assert_eq!(shared_cores(3, 8), Some(2));
-        assert_eq!(shared_cores(2, 8), Some(4));
-    }
+    use super::{parse_node_option, plaintext_asked};
 
     #[test]
     fn plaintext_between_nodes_is_asked_by_its_node_option_only() {

@@ -24,7 +24,8 @@ pub fn default_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// Runtime threads per node: `$TWINHUB_BENCH_NODE_WORKER_THREADS` if set to a positive number, else
-/// `twinhub cluster up`'s default (the machine's cores shared out among the nodes, at least one each).
+/// the node's own default (one per core). Measured both ways on a 2-core machine with 3 nodes
+/// (benches/README.md, "Runtime threads"): one thread per node was no faster, so the default stays.
 pub fn node_worker_threads() -> Option<usize> {
     std::env::var("TWINHUB_BENCH_NODE_WORKER_THREADS").ok().and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0)
 }
