@@ -1,6 +1,7 @@
-# offcpu.sh BINDIR OUT THREADS: the half-load phase (latency-sweep --percents 50 --duration 30) with THREADS runtime threads per node; records every context switch of the nodes (DWARF stacks) for 8 s of the phase into OUT/perf.data. Then: perf script -i OUT/perf.data | python3 offcpu.py
-# offcpu.sh BINDIR OUT THREADS: half-load phase with THREADS runtime threads per node; records every
-# context switch of the nodes (DWARF stacks) for 8 s of the phase
+#!/bin/bash
+# offcpu.sh BINDIR OUT THREADS: the half-load phase (latency-sweep --percents 50 --duration 30) with
+# THREADS runtime threads per node; records every context switch of the nodes (DWARF stacks) for 8 s
+# of the phase into OUT/perf.data. Then: perf script -i OUT/perf.data | python3 offcpu.py
 B=$1; O=$2; T=$3; rm -rf $O; mkdir -p $O
 TWINHUB_BENCH_NODE_WORKER_THREADS=$T $B/twinhub-bench latency-sweep --bin $B/twinhub --percents 50 --duration 30 --out $O/s.json > $O/s.txt 2> $O/s.log &
 P=$!
