@@ -208,16 +208,19 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     // measurement are still written, and the command fails at the end.
     let mut failed = serde_json::Map::new();
     for (i, system) in systems.into_iter().enumerate() {
-        if i > 0 {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+        let settled = if i > 0 { Some(settle_disk(system.name()).await) } else { None };
         let r = match system {
             System::Twinhub => run_twinhub(&opts).await,
             System::Etcd => run_etcd(&opts).await,
             System::Nats { fsync } => run_nats(&opts, fsync).await,
         };
         match r {
-            Ok(r) => results.push(r),
+            Ok(mut r) => {
+                if let Some(waited) = settled {
+                    r.json["disk_settle_s"] = json!(round(waited.as_secs_f64(), 1));
+                }
+                results.push(r)
+            }
             Err(e) => {
                 eprintln!("compare: {} failed, going on with the others: {e:#}", system.name());
                 failed.insert(system.name().to_string(), json!(format!("{e:#}")));
@@ -288,6 +291,46 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         anyhow::bail!("{failures} of the systems failed (see `failed` in {})", opts.out.display());
     }
     Ok(out)
+}
+
+/// The longest [`settle_disk`] waits.
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+
+/// Waits until the disk is quiet before the next system starts. The system that ran before leaves work
+/// for the disk (dirty pages still to be written back, the blocks of its deleted data directory to
+/// free), and whichever runs next would pay for it: in one hour twinhub measured a quarter slower in
+/// third place than in first. So: `sync`, then wait until the disk's stall time (PSI,
+/// `/proc/pressure/io`, "some") stays under 1 % for three seconds in a row, at most [`SETTLE_MAX`];
+/// where the kernel has no PSI, only the `sync`. Returns how long it waited.
+async fn settle_disk(next: &str) -> Duration {
+    let started = std::time::Instant::now();
+    eprintln!("compare: sync, and waiting for the disk to settle before {next} (at most {} s)", SETTLE_MAX.as_secs());
+    if let Err(e) = tokio::process::Command::new("sync").status().await {
+        eprintln!("compare: sync could not run ({e}); going on");
+    }
+    if let Some(mut last) = io_stall_us() {
+        let mut quiet = 0;
+        while quiet < 3 && started.elapsed() < SETTLE_MAX {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(now) = io_stall_us() else { break };
+            quiet = if now.saturating_sub(last) < 10_000 { quiet + 1 } else { 0 };
+            last = now;
+        }
+    }
+    let waited = started.elapsed();
+    eprintln!("compare: disk settled after {:.1} s", waited.as_secs_f64());
+    waited
+}
+
+/// Microseconds some task has stalled on I/O since boot (`/proc/pressure/io`, `some ... total=`).
+fn io_stall_us() -> Option<u64> {
+    some_stall_us(&std::fs::read_to_string("/proc/pressure/io").ok()?)
+}
+
+/// The `total=` of the `some` line of a PSI file.
+fn some_stall_us(psi: &str) -> Option<u64> {
+    let some = psi.lines().find(|l| l.starts_with("some "))?;
+    some.split_whitespace().find_map(|f| f.strip_prefix("total="))?.parse().ok()
 }
 
 pub fn machine() -> Value {
@@ -457,7 +500,16 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_systems, System};
+    use super::{parse_systems, some_stall_us, System};
+
+    #[test]
+    fn the_stall_total_is_read_from_the_some_line_of_a_psi_file() {
+        let psi = "some avg10=0.15 avg60=4.97 avg300=5.62 total=821478809\n\
+                   full avg10=0.05 avg60=0.97 avg300=0.81 total=223878894\n";
+        assert_eq!(some_stall_us(psi), Some(821_478_809));
+        assert_eq!(some_stall_us("full avg10=0.00 total=5\n"), None);
+        assert_eq!(some_stall_us("some avg10=0.00 total=x\n"), None);
+    }
 
     #[test]
     fn systems_run_in_the_order_named_once_each_and_unknown_names_are_refused() {
