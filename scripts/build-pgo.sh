@@ -12,9 +12,10 @@
 #
 # The code and every guarantee are those of `cargo build --release`; only the compiler's layout and
 # inlining decisions follow the profile (benches/README.md has both builds measured). Takes about 20
-# minutes on 2 cores once the load generator is built (two builds of the server and a minute of load). Needs `llvm-profdata` that reads the raw profiles
-# of rustc's LLVM: rustup's `llvm-tools` component when it is installed, otherwise a Debian `llvm-NN`
-# package (installed here with apt-get when none is found; llvm-19's reads the profiles of rustc 1.95).
+# minutes on 2 cores once the load generator is built (two builds of the server and a minute of load).
+# Needs `llvm-profdata` that reads the raw profiles of rustc's LLVM: rustup's `llvm-tools` component when
+# it is installed, otherwise a Debian `llvm-NN` package (installed here with apt-get when none is found;
+# llvm-19's reads the profiles of rustc 1.95).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
