@@ -35,15 +35,18 @@ impl TwinId {
     }
 }
 
-/// Shards of a cluster founded without `--shard-count`: one group for each node of a 3-node cluster to
-/// lead. Every shard is a Raft group, and every group pays its own rounds (an append to each follower,
-/// a log write and fsync on each replica, openraft's work and the wake-ups between them): a round can
-/// only carry the writes of its own shard that are waiting at that moment, so more groups mean more,
-/// emptier rounds. On 3 nodes every node holds and applies every shard whatever the count, so groups
-/// beyond one per node buy no capacity there; 3 groups cost a fifth to a quarter less CPU per write than 8
-/// and lead 1/1/1 instead of 3/3/2. A group has one leader, so a cluster meant to grow past 3 nodes is
-/// founded with more (the count is fixed once data exists).
-pub const DEFAULT_SHARD_COUNT: u32 = 3;
+/// Shards of a cluster founded without `--shard-count`: one Raft group. Every group pays its own
+/// rounds (an append to each follower, a log write and fsync on each replica, openraft's work and the
+/// wake-ups between them), and a round only carries the writes of its own shard that are waiting at
+/// that moment, so more groups mean more, emptier rounds. With a replication factor of 3, a cluster of
+/// 3 nodes holds and applies every shard on every node whatever the count: more groups only spread
+/// leadership, and on 3 nodes that bought nothing measurable. One group's leader spent less CPU per
+/// write (70 µs) than each node of a 3-group cluster (71–88 µs), so one group also has the capacity of
+/// three on machines of their own, and on a shared machine did 1.3 times the writes at two thirds of
+/// the CPU (benches/README.md). Groups are what spread data and leadership over more than 3 nodes, and
+/// the count is fixed once data exists: a cluster meant to grow is founded with one or two per node it
+/// will have.
+pub const DEFAULT_SHARD_COUNT: u32 = 1;
 
 /// Shard of a device id. Stable across processes and versions: it decides where data lives on disk.
 pub fn shard_of(device_id: &str, shard_count: u32) -> ShardId {
