@@ -40,12 +40,12 @@ impl TwinId {
 /// wake-ups between them), and a round only carries the writes of its own shard that are waiting at
 /// that moment, so more groups mean more, emptier rounds. With a replication factor of 3, a cluster of
 /// 3 nodes holds and applies every shard on every node whatever the count: more groups only spread
-/// leadership, and on 3 nodes that bought nothing measurable. One group's leader spent less CPU per
-/// write (70 µs) than each node of a 3-group cluster (71–88 µs), so one group also has the capacity of
-/// three on machines of their own, and on a shared machine did 1.3 times the writes at two thirds of
-/// the CPU (benches/README.md). Groups are what spread data and leadership over more than 3 nodes, and
-/// the count is fixed once data exists: a cluster meant to grow is founded with one or two per node it
-/// will have.
+/// leadership, and on 3 nodes that bought nothing measurable: the busiest node of a one-group
+/// cluster (its leader) spent 65–83 µs of CPU per write, the busiest of a three-group one 78–88 µs, so
+/// one group has the capacity of three on machines of their own too, and on a shared machine it did
+/// 1.3 times the writes at 30 % less CPU per write (benches/README.md). Groups are what spread data
+/// and leadership over more than 3 nodes, and the count is fixed once data exists: a cluster meant to
+/// grow is founded with one or two per node it will have.
 pub const DEFAULT_SHARD_COUNT: u32 = 1;
 
 /// Shard of a device id. Stable across processes and versions: it decides where data lives on disk.
