@@ -41,9 +41,9 @@ impl TwinId {
 /// that moment, so more groups mean more, emptier rounds. With a replication factor of 3, a cluster of
 /// 3 nodes holds and applies every shard on every node whatever the count: more groups only spread
 /// leadership, and on 3 nodes that bought nothing measurable: the busiest node of a one-group
-/// cluster (its leader) spent 65–83 µs of CPU per write, the busiest of a three-group one 78–88 µs, so
-/// one group has the capacity of three on machines of their own too, and on a shared machine it did
-/// 1.3 times the writes at 30 % less CPU per write (benches/README.md). Groups are what spread data
+/// cluster (its leader) spent 65–83 µs of CPU per write (72 on average), the busiest of a three-group
+/// one 78–88 (83), so one group has about the capacity of three on machines of their own too, and on a
+/// shared machine it did 1.3 times the writes at 30 % less CPU per write (benches/README.md). Groups are what spread data
 /// and leadership over more than 3 nodes, and the count is fixed once data exists: a cluster meant to
 /// grow is founded with one or two per node it will have.
 pub const DEFAULT_SHARD_COUNT: u32 = 1;
