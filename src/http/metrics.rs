@@ -61,6 +61,7 @@ fn register_defaults() {
     let gauges = [
         ("twinhub_notify_feed_consumers", "Open change-feed consumers on this node."),
         ("twinhub_mqtt_connections", "Open device MQTT connections (TLS, plain and WebSocket)."),
+        ("twinhub_twin_actors", "Twin actors alive on this node (one per twin written in the last idle period)."),
     ];
     for (name, help) in gauges {
         metrics::describe_gauge!(name, help);
