@@ -60,7 +60,9 @@ pub(super) fn raft_config(config: &ShardsConfig) -> Result<Arc<openraft::Config>
         enable_leader_restore: Some(false),
         // Snapshots travel in one RPC: the default 200 ms deadline cannot carry a large shard.
         install_snapshot_timeout: 30_000,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(every),
+        // Snapshots are asked for by `Shards::snapshot_heavy_groups`, which weighs entries, twin
+        // writes and the shard's size; Raft's own count of entries is only a backstop.
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(every.saturating_mul(super::RAFT_POLICY_BACKSTOP)),
         // A follower a little behind catches up from the log rather than a full snapshot.
         max_in_snapshot_log_to_keep: every.min(1000),
         // Purge in chunks, not entry by entry: each purge is a write.

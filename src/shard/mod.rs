@@ -130,6 +130,24 @@ pub struct Route {
 /// 5,305, each shard encoding a growing snapshot six times; 4 snapshots each shard about once.
 pub const WORK_PER_SNAPSHOT: u64 = 4;
 
+/// A shard is not snapshotted before it has applied at least this fraction of its device count in
+/// twin writes since its last snapshot (1/4: a quarter as many writes as it has devices).
+///
+/// A snapshot encodes the whole shard, so its cost grows with the shard while the entry and work
+/// thresholds do not: one shard of a million twins (a 420 MB snapshot, 2-5 s of a core to encode)
+/// was snapshotted every 40,000 writes on every node, about every 8 s under the write benchmark, which
+/// cost more CPU than the writes themselves and showed as seconds of half throughput. With the floor a
+/// snapshot costs each replica a bounded share of the writes it amortises (about 8-11 us per write at a
+/// million twins), and a restart re-applies at most about a third of a million writes there (a few
+/// seconds, beside the 4-5 s of decoding the snapshot). Small shards are unaffected (10,000 devices:
+/// a floor of 2,500 writes, below both thresholds).
+pub const SIZE_PER_SNAPSHOT: u64 = 4;
+
+/// Raft's own snapshot policy, in units of `snapshot_every` entries: only a backstop, far above what
+/// [`Shards::snapshot_heavy_groups`] (which decides when a shard is snapshotted) lets a log reach, for
+/// a node on which that task is not running.
+pub const RAFT_POLICY_BACKSTOP: u64 = 100;
+
 /// Group id of the metadata Raft group, which holds the [`ClusterMap`]. Data shards are `0..shard_count`.
 pub const META: ShardId = ShardId::MAX;
 
@@ -275,26 +293,38 @@ impl Shards {
         Ok(shards)
     }
 
-    /// Asks the hosted group with the most applied work since its last snapshot, if that reached
-    /// [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes, for a snapshot now — one group at a
-    /// time, none while another is being built. Raft's own policy counts log entries, and one bulk
-    /// registry entry carries up to a hundred twin writes: a bulk-loaded shard could reach millions of
-    /// writes with no snapshot, which a restart then re-applies one by one (decoding a snapshot is
-    /// cheaper). One at a time because a uniform load brings every shard to the threshold at once:
+    /// Asks the hosted group (the metadata group included) with the most applied work since its last
+    /// snapshot, among those due, for a snapshot now — one group at a time, none while another is being built. A group is due when it
+    /// applied `snapshot_every` log entries or [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes since
+    /// its last snapshot (one bulk registry entry carries up to a hundred twin writes: counting entries
+    /// alone, a bulk-loaded shard could reach millions of writes with no snapshot, which a restart then
+    /// re-applies one by one), and at least 1/[`SIZE_PER_SNAPSHOT`] of its devices in twin writes (a
+    /// snapshot encodes the whole shard). Each of the three thresholds is this replica's own, in
+    /// [N, 1.5 N) ([`snapshot_threshold`]), so that the replicas of a shard, which apply the same writes,
+    /// snapshot apart. One at a time because a uniform load brings every shard to the threshold at once:
     /// sixteen shards encoding and writing tens of megabytes together on every node saturated the
     /// machine for seconds, long enough for elections in every group.
     pub async fn snapshot_heavy_groups(&self) {
-        let every = self.config.snapshot_every.max(1).saturating_mul(WORK_PER_SNAPSHOT);
-        let hosted = self.hosted();
-        if hosted.iter().any(|s| s.work.building()) {
+        let mut groups = self.hosted();
+        groups.extend(self.meta.clone());
+        if groups.iter().any(|s| s.work.building()) {
             return;
         }
-        let heaviest = hosted.iter().max_by_key(|s| s.work.since_snapshot());
-        if let Some(s) = heaviest.filter(|s| s.work.since_snapshot() >= every) {
+        let heaviest = groups.iter().filter(|s| self.snapshot_due(s)).max_by_key(|s| s.work.since_snapshot());
+        if let Some(s) = heaviest {
             if let Err(e) = s.raft.trigger().snapshot().await {
                 tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
             }
         }
+    }
+
+    /// Whether `shard` is due for a snapshot on this node (see [`Shards::snapshot_heavy_groups`]).
+    fn snapshot_due(&self, shard: &Shard) -> bool {
+        let own = |n: u64| snapshot_threshold(n, shard.id, self.shard_count, self.node_id);
+        let every = self.config.snapshot_every.max(1);
+        let (writes, entries) = (shard.work.since_snapshot(), shard.work.entries_since_snapshot());
+        let floor = own(shard.work.devices() / SIZE_PER_SNAPSHOT);
+        writes >= floor && (entries >= own(every) || writes >= own(every.saturating_mul(WORK_PER_SNAPSHOT)))
     }
 
     /// Decodes the snapshots of `ids` in parallel, one per core, for the groups about to open: a node

@@ -158,13 +158,20 @@ async fn snapshot_and_purge_then_reopen() {
         let applied = shard.write(report("dev-s", n)).await.expect("write");
         last = must_reported_version(applied.result.as_ref().expect("ok"));
     }
-    // The snapshot policy builds a snapshot and purges the log behind it.
-    shard
-        .raft
-        .wait(Some(std::time::Duration::from_secs(10)))
-        .metrics(|m| m.purged.is_some() && m.snapshot.is_some(), "snapshot and purge")
-        .await
-        .expect("snapshot + purge");
+    // The snapshot policy (asked once a second on a node, here every 50 ms) builds a snapshot, and
+    // Raft purges the log behind it.
+    let wait = shard.raft.wait(Some(std::time::Duration::from_secs(10)));
+    let snapshotted = wait.metrics(|m| m.purged.is_some() && m.snapshot.is_some(), "snapshot and purge");
+    let policy = async {
+        loop {
+            shards.snapshot_heavy_groups().await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        done = snapshotted => { done.expect("snapshot + purge"); }
+        _ = policy => {}
+    }
     let seen = shard.raft.metrics().borrow_watched().purged.expect("purged");
     // A purge deletes its entries in the background and a shutdown does not wait for that (entries
     // left behind are garbage that the next purge deletes, from where the last one recorded it
@@ -265,10 +272,10 @@ fn bulk_creates(ids: &[String]) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_groups_are_snapshotted_one_at_a_time_heaviest_first() {
     let dir = tempfile::tempdir().unwrap();
-    // Raft's own policy (every 1,000 entries) stays out of the way; the work threshold is 4 × 1,000
-    // twin writes.
+    // 1,000 entries are not reached (a hundred creates per entry); the work threshold is 4 × 1,000
+    // twin writes, this node's own in [4,000, 6,000): 4,166, 4,666 and 5,166 for shards 0, 1, 2.
     let shards = Shards::open(config(dir.path(), 3, 1000)).await.expect("open");
-    for (shard, n) in [(0, 4100), (1, 4500), (2, 4200)] {
+    for (shard, n) in [(0, 5400), (1, 5800), (2, 5600)] {
         let s = shards.local(shard).unwrap().clone();
         for chunk in ids_in(&shards, shard, n).chunks(100) {
             let applied = s.write(bulk_creates(chunk)).await.expect("bulk write");
@@ -296,6 +303,41 @@ async fn heavy_groups_are_snapshotted_one_at_a_time_heaviest_first() {
     assert_eq!(snapshotted(&shards), [1, 2]);
     shards.snapshot_heavy_groups().await;
     wait_for(0).await;
+    shards.shutdown().await;
+}
+
+/// A snapshot encodes the whole shard: once a shard is large, it waits for a quarter of its device
+/// count in twin writes, however many entries and writes the other thresholds would have let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_shards_wait_for_writes_in_proportion_to_their_size() {
+    let dir = tempfile::tempdir().unwrap();
+    // Thresholds on this node (id 1, shard 0 of 1): 10 entries, 40 twin writes, and after the first
+    // snapshot of 2,000 devices a floor of 500 in [500, 750): 541.
+    let shards = Shards::open(config(dir.path(), 1, 10)).await.expect("open");
+    let shard = shards.local(0).unwrap().clone();
+    let ids = ids_in(&shards, 0, 2000);
+    for chunk in ids.chunks(100) {
+        let applied = shard.write(bulk_creates(chunk)).await.expect("bulk write");
+        assert!(applied.result.is_ok(), "{:?}", applied.result);
+    }
+    assert!(shards.snapshot_due(&shard), "a new shard is due after 40 writes");
+    shards.snapshot_heavy_groups().await;
+    shard
+        .raft
+        .wait(Some(std::time::Duration::from_secs(20)))
+        .metrics(|m| m.snapshot.is_some(), "first snapshot")
+        .await
+        .expect("snapshot");
+    assert_eq!(shard.work.devices(), 2000);
+    for n in 1..=400 {
+        shard.write(report(&ids[0], n)).await.expect("write");
+    }
+    assert!(shard.work.entries_since_snapshot() >= 400, "{}", shard.work.entries_since_snapshot());
+    assert!(!shards.snapshot_due(&shard), "400 writes, 400 entries: below the floor of 541");
+    for n in 401..=545 {
+        shard.write(report(&ids[0], n)).await.expect("write");
+    }
+    assert!(shards.snapshot_due(&shard), "545 writes since the snapshot: due");
     shards.shutdown().await;
 }
 

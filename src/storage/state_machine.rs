@@ -42,6 +42,11 @@ pub struct SnapshotWork {
     /// Twin writes applied since the last snapshot ([`crate::model::Command::weight`]): what a
     /// restart would re-apply. Reset when a snapshot starts encoding.
     since: AtomicU64,
+    /// Log entries applied since the last snapshot (a bulk call or a batch of writes is one).
+    entries: AtomicU64,
+    /// Devices the shard had at its last snapshot (or when it was opened): what the next snapshot
+    /// will encode, at least.
+    devices: AtomicU64,
     /// A snapshot of this shard is being built.
     building: AtomicBool,
     /// Bytes of the last snapshot built, to size the next one's buffer.
@@ -49,8 +54,20 @@ pub struct SnapshotWork {
 }
 
 impl SnapshotWork {
+    fn with_devices(devices: usize) -> SnapshotWork {
+        SnapshotWork { devices: AtomicU64::new(devices as u64), ..SnapshotWork::default() }
+    }
+
     pub fn since_snapshot(&self) -> u64 {
         self.since.load(Ordering::Relaxed)
+    }
+
+    pub fn entries_since_snapshot(&self) -> u64 {
+        self.entries.load(Ordering::Relaxed)
+    }
+
+    pub fn devices(&self) -> u64 {
+        self.devices.load(Ordering::Relaxed)
     }
 
     pub fn building(&self) -> bool {
@@ -159,10 +176,10 @@ impl StateMachine {
         StateMachine {
             shard,
             store,
-            shared: Arc::new(RwLock::new(loaded.applied)),
             snapshot: Arc::new(Mutex::new(loaded.meta)),
+            work: Arc::new(SnapshotWork::with_devices(loaded.applied.state.device_count())),
+            shared: Arc::new(RwLock::new(loaded.applied)),
             events,
-            work: Arc::default(),
         }
     }
 
@@ -244,6 +261,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             let a = shared.read().unwrap_or_else(|e| e.into_inner());
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
             work.since.store(0, Ordering::Relaxed);
+            work.entries.store(0, Ordering::Relaxed);
+            work.devices.store(a.state.device_count() as u64, Ordering::Relaxed);
             (meta, a.state.snapshot_image())
         })
         .await
@@ -305,6 +324,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     EntryPayload::Blank => reply_done(),
                     EntryPayload::Normal(cmd) => {
                         self.work.since.fetch_add(cmd.weight(), Ordering::Relaxed);
+                        self.work.entries.fetch_add(1, Ordering::Relaxed);
                         if wanted {
                             a.state.apply(cmd)
                         } else {
