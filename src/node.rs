@@ -301,8 +301,8 @@ async fn reconcile(shards: Arc<Shards>, stop: CancellationToken) {
     }
 }
 
-/// Once a second, snapshots the groups whose applied twin writes since their last snapshot reached
-/// `snapshot_every` (see [`Shards::snapshot_heavy_groups`]).
+/// Once a second, asks the group most due for a snapshot for one: this is the node's snapshot
+/// policy, Raft's own count of entries being only a backstop (see [`Shards::snapshot_heavy_groups`]).
 async fn snapshot_by_work(shards: Arc<Shards>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
