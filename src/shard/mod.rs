@@ -294,16 +294,17 @@ impl Shards {
     }
 
     /// Asks the hosted group (the metadata group included) with the most applied work since its last
-    /// snapshot, among those due, for a snapshot now — one group at a time, none while another is being built. A group is due when it
-    /// applied `snapshot_every` log entries or [`WORK_PER_SNAPSHOT`] × `snapshot_every` twin writes since
-    /// its last snapshot (one bulk registry entry carries up to a hundred twin writes: counting entries
-    /// alone, a bulk-loaded shard could reach millions of writes with no snapshot, which a restart then
-    /// re-applies one by one), and at least 1/[`SIZE_PER_SNAPSHOT`] of its devices in twin writes (a
-    /// snapshot encodes the whole shard). Each of the three thresholds is this replica's own, in
-    /// [N, 1.5 N) ([`snapshot_threshold`]), so that the replicas of a shard, which apply the same writes,
-    /// snapshot apart. One at a time because a uniform load brings every shard to the threshold at once:
-    /// sixteen shards encoding and writing tens of megabytes together on every node saturated the
-    /// machine for seconds, long enough for elections in every group.
+    /// snapshot, among those due, for a snapshot now — one group at a time, none while another is being
+    /// built. A group is due when it applied `snapshot_every` log entries or [`WORK_PER_SNAPSHOT`] ×
+    /// `snapshot_every` twin writes since its last snapshot (one bulk registry entry carries up to a
+    /// hundred twin writes: counting entries alone, a bulk-loaded shard could reach millions of writes
+    /// with no snapshot, which a restart then re-applies one by one), and at least
+    /// 1/[`SIZE_PER_SNAPSHOT`] of its devices in twin writes (a snapshot encodes the whole shard). Each
+    /// of the three thresholds is this replica's own, in [N, 1.5 N) ([`snapshot_threshold`]), so that
+    /// the replicas of a shard, which apply the same writes, snapshot apart. One at a time because a
+    /// uniform load brings every shard to the threshold at once: sixteen shards encoding and writing
+    /// tens of megabytes together on every node saturated the machine for seconds, long enough for
+    /// elections in every group.
     pub async fn snapshot_heavy_groups(&self) {
         let mut groups = self.hosted();
         groups.extend(self.meta.clone());
