@@ -293,10 +293,19 @@ async fn idle_connections_to_the_event_broker_do_not_lock_out_back_ends() {
 // ---------------------------------------------------------------------------------------------------
 // (b) rumqttd's internal loopback port
 
-/// The internal broker's address, from the node's log line `event broker ready ... internal=ADDR`.
-fn internal_broker_addr(srv: &Server) -> SocketAddr {
-    let log = std::fs::read_to_string(&srv.log_path).expect("server log");
-    let line = log.lines().rev().find(|l| l.contains("event broker ready")).expect("event broker ready logged");
+/// The internal broker's address, from the node's log line `event broker ready ... internal=ADDR`. The
+/// broker starts beside the front doors, so the line can come a few milliseconds after the node said it
+/// is ready: the log is read again until it is there (at most 10 s).
+async fn internal_broker_addr(srv: &Server) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let log = std::fs::read_to_string(&srv.log_path).expect("server log");
+        if let Some(line) = log.lines().rev().find(|l| l.contains("event broker ready")) {
+            break line.to_string();
+        }
+        assert!(Instant::now() < deadline, "no `event broker ready` line in the node's log within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let at = line.find("internal=").expect("internal address logged") + "internal=".len();
     line[at..].split_whitespace().next().and_then(|a| a.parse().ok()).expect("internal address")
 }
@@ -307,7 +316,7 @@ async fn the_internal_broker_port_is_useless_to_local_clients_and_no_back_end_ca
     let api = srv.owner();
     // The node installs its metrics recorder on its first HTTP request; count from here on.
     assert_eq!(metric(&srv, "twinhub_notify_broker_internal_login_refused_total").await, None);
-    let internal = internal_broker_addr(&srv);
+    let internal = internal_broker_addr(&srv).await;
     assert_ne!(internal.port(), srv.events_port);
     let (_sub, mut sub_el) = backend(&srv, "subscriber").await;
 
