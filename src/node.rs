@@ -334,6 +334,11 @@ async fn shard_metrics(shards: Arc<Shards>, hub: Arc<Hub>, data_dir: std::path::
             metrics::gauge!("twinhub_shard_last_log_index", "shard" => shard.clone()).set(st.last_log_index as f64);
             metrics::gauge!("twinhub_shard_commit_index", "shard" => shard.clone()).set(st.committed as f64);
             metrics::gauge!("twinhub_shard_apply_index", "shard" => shard.clone()).set(st.applied as f64);
+            metrics::gauge!("twinhub_shard_snapshot_index", "shard" => shard.clone()).set(st.snapshot_index as f64);
+            metrics::gauge!("twinhub_shard_writes_since_snapshot", "shard" => shard.clone())
+                .set(st.writes_since_snapshot as f64);
+            metrics::gauge!("twinhub_shard_snapshot_due_writes", "shard" => shard.clone())
+                .set(st.snapshot_due_writes as f64);
             metrics::gauge!("twinhub_shard_is_leader", "shard" => shard.clone()).set(if st.is_leader {
                 1.0
             } else {

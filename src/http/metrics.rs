@@ -150,6 +150,15 @@ fn register_defaults() {
         ("twinhub_shard_last_log_index", "Last log index of the shard's replica on this node."),
         ("twinhub_shard_commit_index", "Commit index of the shard's replica on this node."),
         ("twinhub_shard_apply_index", "Last applied index of the shard's replica on this node."),
+        ("twinhub_shard_snapshot_index", "Log index of the last snapshot of the shard's replica on this node."),
+        (
+            "twinhub_shard_writes_since_snapshot",
+            "Twin writes the shard's replica applied since its last snapshot: what a restart re-applies.",
+        ),
+        (
+            "twinhub_shard_snapshot_due_writes",
+            "Writes after which the shard's replica on this node snapshots whatever its entry count.",
+        ),
         ("twinhub_shard_is_leader", "1 if this node leads the shard."),
         ("twinhub_shard_has_leader", "1 if this node knows a leader of the shard."),
         (

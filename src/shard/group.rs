@@ -211,7 +211,7 @@ impl Shard {
 }
 
 impl Shard {
-    /// This replica's view of its group.
+    /// This replica's view of its group (without the node's snapshot policy, see `Shards::status`).
     pub fn status(&self) -> ShardStatus {
         let m = self.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
@@ -232,6 +232,10 @@ impl Shard {
                 .map(|r| r.iter().map(|(n, l)| (*n, last.saturating_sub(l.map(|l| l.index).unwrap_or(0)))).collect())
                 .unwrap_or_default(),
             healthy: m.running_state.is_ok(),
+            snapshot_index: m.snapshot.map(|l| l.index).unwrap_or(0),
+            writes_since_snapshot: self.work.since_snapshot(),
+            // The policy is the node's: `Shards::status` fills it in.
+            snapshot_due_writes: 0,
         }
     }
 }

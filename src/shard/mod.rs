@@ -113,6 +113,16 @@ pub struct ShardStatus {
     pub lag: BTreeMap<NodeId, u64>,
     /// `false` once the group stopped on a storage error.
     pub healthy: bool,
+    /// Log index of this replica's last snapshot (0: none yet).
+    #[serde(default)]
+    pub snapshot_index: u64,
+    /// Twin writes this replica applied since its last snapshot: what a restart re-applies.
+    #[serde(default)]
+    pub writes_since_snapshot: u64,
+    /// The most writes this replica's snapshot policy lets pass between snapshots (see
+    /// [`Shards::snapshot_heavy_groups`]); with `writes_since_snapshot`, how far the next one is.
+    #[serde(default)]
+    pub snapshot_due_writes: u64,
 }
 
 /// Where a request for one shard can go (see [`Shards::route`]).
@@ -317,6 +327,14 @@ impl Shards {
                 tracing::debug!(shard = s.id, "asking for a snapshot: {e}");
             }
         }
+    }
+
+    /// The writes after which `shard` is due for a snapshot on this node whatever its entry count:
+    /// the most a restart of this replica re-applies, short of a snapshot that failed.
+    fn snapshot_due_writes(&self, shard: &Shard) -> u64 {
+        let own = |n: u64| snapshot_threshold(n, shard.id, self.shard_count, self.node_id);
+        let every = self.config.snapshot_every.max(1);
+        own(shard.work.devices() / SIZE_PER_SNAPSHOT).max(own(every.saturating_mul(WORK_PER_SNAPSHOT)))
     }
 
     /// Whether `shard` is due for a snapshot on this node (see [`Shards::snapshot_heavy_groups`]).
@@ -596,12 +614,17 @@ impl Shards {
 
     /// What this replica knows of every shard it hosts (for `/cluster/status` and metrics).
     pub fn status(&self) -> Vec<ShardStatus> {
-        self.hosted().iter().map(|s| s.status()).collect()
+        self.hosted().iter().map(|s| self.status_of(s)).collect()
     }
 
     /// The metadata group's status, in a cluster.
     pub fn meta_status(&self) -> Option<ShardStatus> {
-        self.meta.as_ref().map(|m| m.status())
+        self.meta.as_ref().map(|m| self.status_of(m))
+    }
+
+    /// A group's Raft status with this node's snapshot work on it.
+    fn status_of(&self, shard: &Shard) -> ShardStatus {
+        ShardStatus { snapshot_due_writes: self.snapshot_due_writes(shard), ..shard.status() }
     }
 
     /// Ready to serve: in a cluster, the map is known and every shard it places here has a leader;

@@ -334,6 +334,10 @@ async fn large_shards_wait_for_writes_in_proportion_to_their_size() {
     }
     assert!(shard.work.entries_since_snapshot() >= 400, "{}", shard.work.entries_since_snapshot());
     assert!(!shards.snapshot_due(&shard), "400 writes, 400 entries: below the floor of 541");
+    // What the node's gauges show: how much a restart would re-apply, and where the next snapshot is.
+    let status = shards.status().into_iter().find(|s| s.shard == 0).expect("status of shard 0");
+    assert_eq!((status.writes_since_snapshot, status.snapshot_due_writes), (400, 541), "{status:?}");
+    assert!(status.snapshot_index > 0 && status.snapshot_index < status.applied, "{status:?}");
     for n in 401..=545 {
         shard.write(report(&ids[0], n)).await.expect("write");
     }
