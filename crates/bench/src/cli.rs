@@ -231,6 +231,10 @@ pub enum BenchCommand {
         /// Also sample RSS this many seconds after the load, once the nodes have settled (0: don't).
         #[arg(long, default_value_t = 30)]
         settle_secs: u64,
+        /// Before the restart, update twins until the node to restart has applied this fraction (0-1)
+        /// of the writes after which it snapshots, so that its restart re-applies that much log.
+        #[arg(long, default_value_t = 0.0)]
+        replay_before_restart: f64,
         #[arg(long)]
         out: PathBuf,
     },
@@ -415,8 +419,10 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
                 tags,
                 min_available_mb,
                 settle_secs,
+                replay_before_restart,
                 out,
             } => memory::run(memory::MemoryOpts {
+                replay_before_restart: replay_before_restart.clamp(0.0, 1.0),
                 tags,
                 min_available_mb,
                 settle_secs,

@@ -1,7 +1,13 @@
 //! Scenarios (e) and (f): resident bytes per twin with N twins in the cluster (every node holds a
 //! replica of every shard with 3 nodes, so N twins per node), then the restart time of a node that
 //! holds them (SIGTERM or SIGKILL, start from its config, until `/ready` and a twin read through it).
+//!
+//! With `replay_before_restart`, the restart is measured at its worst: twins are updated first until the
+//! node has applied that fraction of the writes its snapshot policy lets pass between snapshots (read
+//! from its `/metrics`), so the restarted node re-applies that much of its log, and the time until it
+//! has applied everything it had committed before the stop is reported too.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +36,163 @@ pub struct MemoryOpts {
     /// Seconds after the load at which RSS is sampled a second time, once the nodes have settled
     /// (0: no second sample).
     pub settle_secs: u64,
+    /// Before the restart, update twins until the node to restart has applied this fraction of the
+    /// writes after which it snapshots (0: restart as the load left it).
+    pub replay_before_restart: f64,
     pub out: PathBuf,
+}
+
+/// One shard's snapshot progress on one node, from its `/metrics` (`twinhub_shard_*` gauges).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ShardProgress {
+    writes_since_snapshot: f64,
+    snapshot_due_writes: f64,
+    snapshot_index: f64,
+    commit_index: f64,
+    apply_index: f64,
+}
+
+impl ShardProgress {
+    /// How far the replica is towards its next snapshot (0 when its policy is unknown).
+    fn towards_snapshot(&self) -> f64 {
+        if self.snapshot_due_writes > 0.0 {
+            self.writes_since_snapshot / self.snapshot_due_writes
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The twin shards' progress in a node's Prometheus text (the metadata group, `shard="meta"`, left out).
+fn shard_progress(text: &str) -> BTreeMap<String, ShardProgress> {
+    let mut out: BTreeMap<String, ShardProgress> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Some((name, labels)) = series.split_once('{') else { continue };
+        let Some(shard) = labels.strip_prefix("shard=\"").and_then(|l| l.strip_suffix("\"}")) else { continue };
+        let Ok(v) = value.parse::<f64>() else { continue };
+        if shard == "meta" {
+            continue;
+        }
+        let p = out.entry(shard.to_string()).or_default();
+        match name {
+            "twinhub_shard_writes_since_snapshot" => p.writes_since_snapshot = v,
+            "twinhub_shard_snapshot_due_writes" => p.snapshot_due_writes = v,
+            "twinhub_shard_snapshot_index" => p.snapshot_index = v,
+            "twinhub_shard_commit_index" => p.commit_index = v,
+            "twinhub_shard_apply_index" => p.apply_index = v,
+            _ => {}
+        }
+    }
+    out.retain(|_, p| *p != ShardProgress::default());
+    out
+}
+
+async fn progress_of(hub: &crate::hub::Hub, idx: usize) -> anyhow::Result<BTreeMap<String, ShardProgress>> {
+    let r = hub.client(idx).send("GET", "/metrics", None).await.map_err(|e| anyhow::anyhow!("GET /metrics: {e}"))?;
+    anyhow::ensure!(r.status == 200, "GET /metrics: HTTP {}", r.status);
+    Ok(shard_progress(&String::from_utf8_lossy(&r.body)))
+}
+
+/// The shard nearest its next snapshot.
+fn nearest(p: &BTreeMap<String, ShardProgress>) -> Option<(&String, &ShardProgress)> {
+    p.iter().max_by(|a, b| a.1.towards_snapshot().total_cmp(&b.1.towards_snapshot()))
+}
+
+/// Updates random twins, `concurrency` at a time, until node `idx` has applied `fraction` of the
+/// writes after which one of its shards snapshots, or 30 minutes pass. The gauges are those of the
+/// node once the updates have stopped (they refresh once a second).
+async fn drive_to_replay(
+    o: &MemoryOpts,
+    hub: &crate::hub::Hub,
+    idx: usize,
+    keys: Arc<Vec<String>>,
+) -> anyhow::Result<(Value, BTreeMap<String, ShardProgress>)> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let target = Twinhub { hub: hub.clone() };
+    let workers = crate::loadgen::update_workers(&target, keys, o.value, o.concurrency).await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = Vec::new();
+    for mut w in workers {
+        let (stop, ok, errors) = (stop.clone(), ok.clone(), errors.clone());
+        tasks.push(tokio::spawn(async move {
+            use crate::loadgen::Worker;
+            while !stop.load(Ordering::Relaxed) {
+                match w.step().await.1 {
+                    Ok(()) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => errors.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    let started = Instant::now();
+    let mut last_print = Instant::now();
+    let mut snapshots_seen = 0u32;
+    let mut previous: Option<f64> = None;
+    let reached = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let p = progress_of(hub, idx).await?;
+        let Some((shard, s)) = nearest(&p) else { anyhow::bail!("node {} exports no shard progress", idx + 1) };
+        let toward = s.towards_snapshot();
+        if previous.is_some_and(|prev| toward < prev) {
+            snapshots_seen += 1;
+        }
+        previous = Some(toward);
+        if last_print.elapsed() >= Duration::from_secs(5) || toward >= o.replay_before_restart {
+            last_print = Instant::now();
+            eprintln!(
+                "  {:.0} s: {} updates ({:.0}/s); node {} shard {shard}: {:.0} writes since its snapshot of {:.0} due ({:.1} %)",
+                started.elapsed().as_secs_f64(),
+                ok.load(Ordering::Relaxed),
+                ok.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64(),
+                idx + 1,
+                s.writes_since_snapshot,
+                s.snapshot_due_writes,
+                toward * 100.0
+            );
+        }
+        if toward >= o.replay_before_restart {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(1800) {
+            break false;
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let at_stop = progress_of(hub, idx).await?;
+    let (updates, errors) = (ok.load(Ordering::Relaxed), errors.load(Ordering::Relaxed));
+    let replay_writes: f64 = at_stop.values().map(|s| s.writes_since_snapshot).sum();
+    let replay_entries: f64 = at_stop.values().map(|s| (s.apply_index - s.snapshot_index).max(0.0)).sum();
+    println!(
+        "  before the restart: {updates} updates in {secs:.0} s ({:.0}/s, {errors} errors); node {} holds {replay_writes:.0} writes in {replay_entries:.0} log entries since its snapshots{}",
+        updates as f64 / secs,
+        idx + 1,
+        if reached { String::new() } else { format!(" (the {:.0} % asked for not reached in 30 min)", o.replay_before_restart * 100.0) }
+    );
+    let report = json!({
+        "fraction_asked": o.replay_before_restart,
+        "reached": reached,
+        "updates": updates,
+        "update_errors": errors,
+        "seconds": secs,
+        "snapshots_seen": snapshots_seen,
+        "writes_to_replay": replay_writes,
+        "entries_to_replay": replay_entries,
+        "shards": at_stop.iter().map(|(k, s)| (k.clone(), json!({
+            "writes_since_snapshot": s.writes_since_snapshot,
+            "snapshot_due_writes": s.snapshot_due_writes,
+            "snapshot_index": s.snapshot_index,
+            "commit_index": s.commit_index,
+            "apply_index": s.apply_index,
+        }))).collect::<serde_json::Map<String, Value>>(),
+    });
+    Ok((report, at_stop))
 }
 
 fn mem_available_mb() -> f64 {
@@ -302,6 +464,19 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
     });
     if o.restart {
         let idx = cluster.hub.info.nodes.len() - 1;
+        let before_stop = if o.replay_before_restart > 0.0 {
+            eprintln!(
+                "updating twins until node {} has applied {:.0} % of the writes after which it snapshots",
+                idx + 1,
+                o.replay_before_restart * 100.0
+            );
+            let loaded = Arc::new(keys[..twins_done].to_vec());
+            let (report, progress) = drive_to_replay(o, &cluster.hub, idx, loaded).await?;
+            out["replay"] = report;
+            Some(progress)
+        } else {
+            None
+        };
         eprintln!("restarting node {} ({})", idx + 1, if o.kill9 { "SIGKILL" } else { "SIGTERM" });
         let (stop, answered, ready) = cluster.restart_node(idx, o.kill9).await?;
         let t0 = Instant::now();
@@ -314,6 +489,23 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Until the node has applied, on every shard, what it had committed before the stop.
+        let mut caught_up = None;
+        if let Some(before) = &before_stop {
+            while t0.elapsed() < Duration::from_secs(1800) {
+                if let Ok(now) = progress_of(&cluster.hub, idx).await {
+                    if before.iter().all(|(k, b)| now.get(k).is_some_and(|n| n.apply_index >= b.commit_index)) {
+                        caught_up = Some(ready.as_secs_f64() + t0.elapsed().as_secs_f64());
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            println!(
+                "restart of node {}: start → applied all it had committed before the stop {caught_up:?} s (gauges refresh once a second)",
+                idx + 1
+            );
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
         let rss_restarted = procs::status_kib(cluster.hub.info.nodes[idx].pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
@@ -330,7 +522,44 @@ async fn run_on(o: &MemoryOpts, cluster: &mut crate::peers::twinhub::TwinhubClus
             "start_to_ready_s": ready.as_secs_f64(),
             "start_to_first_twin_read_s": first_read,
             "rss_after_restart_mb": rss_restarted,
+            "start_to_caught_up_s": caught_up,
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_progress_reads_the_twin_shards_gauges_and_leaves_the_metadata_group_out() {
+        let text = "# HELP twinhub_shard_apply_index Last applied index\n\
+twinhub_shard_apply_index{shard=\"0\"} 120\n\
+twinhub_shard_apply_index{shard=\"meta\"} 7\n\
+twinhub_shard_commit_index{shard=\"0\"} 121\n\
+twinhub_shard_snapshot_index{shard=\"0\"} 20\n\
+twinhub_shard_writes_since_snapshot{shard=\"0\"} 600\n\
+twinhub_shard_snapshot_due_writes{shard=\"0\"} 2400\n\
+twinhub_shard_writes_since_snapshot{shard=\"1\"} 10\n\
+twinhub_shard_snapshot_due_writes{shard=\"1\"} 20\n\
+twinhub_http_requests_total{method=\"GET\",route=\"/x\",status=\"200\"} 3\n";
+        let p = shard_progress(text);
+        assert_eq!(p.len(), 2, "{p:?}");
+        let zero = &p["0"];
+        assert_eq!(
+            (
+                zero.apply_index,
+                zero.commit_index,
+                zero.snapshot_index,
+                zero.writes_since_snapshot,
+                zero.snapshot_due_writes
+            ),
+            (120.0, 121.0, 20.0, 600.0, 2400.0)
+        );
+        assert_eq!(zero.towards_snapshot(), 0.25);
+        let (shard, nearest) = nearest(&p).unwrap();
+        assert_eq!((shard.as_str(), nearest.towards_snapshot()), ("1", 0.5));
+        assert!(shard_progress("garbage\n{}\n").is_empty());
+    }
 }
