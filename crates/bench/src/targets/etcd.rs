@@ -81,11 +81,11 @@ impl Target for Etcd {
                 buf.extend_from_slice(data);
                 while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = buf.drain(..=nl).collect();
-                    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line) else { continue };
+                    let Ok(v) = serde_json::from_slice::<WatchLine>(&line) else { continue };
                     if let Some(t) = created_tx.take() {
                         let _ = t.send(());
                     }
-                    let n = v.pointer("/result/events").and_then(|e| e.as_array()).map(|a| a.len() as u64).unwrap_or(0);
+                    let n = v.result.and_then(|r| r.events).map_or(0, |e| e.len() as u64);
                     if n > 0 {
                         counts.notifications.fetch_add(1, Ordering::Relaxed);
                         counts.changes.fetch_add(n, Ordering::Relaxed);
@@ -136,4 +136,16 @@ mod tests {
     fn prefix_end() {
         assert_eq!(super::prefix_end(b"twins/"), b"twins0".to_vec());
     }
+}
+
+/// What the watch reads of a line of the gateway's watch stream: how many events it carries. The rest
+/// is checked to be JSON and skipped, without building a tree of it (as the twinhub watch does).
+#[derive(serde::Deserialize)]
+struct WatchLine {
+    result: Option<WatchResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct WatchResult {
+    events: Option<Vec<serde::de::IgnoredAny>>,
 }
