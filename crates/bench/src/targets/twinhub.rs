@@ -65,7 +65,8 @@ impl Target for Twinhub {
                 match m {
                     Msg::Publish { payload, .. } => {
                         counts.notifications.fetch_add(1, Ordering::Relaxed);
-                        let merged = serde_json::from_slice::<ChangeEvent>(&payload).ok().and_then(|e| e.merged).unwrap_or(1);
+                        let merged =
+                            serde_json::from_slice::<ChangeEvent>(&payload).ok().and_then(|e| e.merged).unwrap_or(1);
                         counts.changes.fetch_add(merged, Ordering::Relaxed);
                     }
                     Msg::Closed(e) => {
