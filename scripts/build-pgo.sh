@@ -31,7 +31,14 @@ profdata() {
         p=$(command -v "llvm-profdata-$v" || true)
         [ -n "$p" ] && { echo "$p"; return 0; }
     done
-    command -v llvm-profdata && return 0
+    # An unversioned one only if it is LLVM 19 or later: older ones cannot read rustc's raw profiles
+    # ("unsupported instrumentation profile format version").
+    p=$(command -v llvm-profdata || true)
+    if [ -n "$p" ]; then
+        local major
+        major=$("$p" merge --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -n 1)
+        [ "${major:-0}" -ge 19 ] && { echo "$p"; return 0; }
+    fi
     return 1
 }
 
