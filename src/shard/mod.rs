@@ -213,6 +213,15 @@ fn snapshot_threshold(every: u64, shard: ShardId, shard_count: u32, node: NodeId
     every + every / 2 * slot / slots
 }
 
+/// One replica's snapshot thresholds for one shard, each its own in [N, 1.5 N) ([`snapshot_threshold`]):
+/// due after `entries` log entries or `writes` twin writes since the last snapshot, never before `floor`
+/// writes.
+struct SnapshotThresholds {
+    floor: u64,
+    entries: u64,
+    writes: u64,
+}
+
 impl Shards {
     /// The Raft configuration of group `id`: the node's, with a snapshot threshold of its own
     /// ([`snapshot_threshold`]).
@@ -329,21 +338,29 @@ impl Shards {
         }
     }
 
+    /// This replica's snapshot thresholds for `shard` (see [`Shards::snapshot_heavy_groups`]).
+    fn snapshot_thresholds(&self, shard: &Shard) -> SnapshotThresholds {
+        let own = |n: u64| snapshot_threshold(n, shard.id, self.shard_count, self.node_id);
+        let every = self.config.snapshot_every.max(1);
+        SnapshotThresholds {
+            floor: own(shard.work.devices() / SIZE_PER_SNAPSHOT),
+            entries: own(every),
+            writes: own(every.saturating_mul(WORK_PER_SNAPSHOT)),
+        }
+    }
+
     /// The writes after which `shard` is due for a snapshot on this node whatever its entry count:
     /// the most a restart of this replica re-applies, short of a snapshot that failed.
     fn snapshot_due_writes(&self, shard: &Shard) -> u64 {
-        let own = |n: u64| snapshot_threshold(n, shard.id, self.shard_count, self.node_id);
-        let every = self.config.snapshot_every.max(1);
-        own(shard.work.devices() / SIZE_PER_SNAPSHOT).max(own(every.saturating_mul(WORK_PER_SNAPSHOT)))
+        let t = self.snapshot_thresholds(shard);
+        t.floor.max(t.writes)
     }
 
     /// Whether `shard` is due for a snapshot on this node (see [`Shards::snapshot_heavy_groups`]).
     fn snapshot_due(&self, shard: &Shard) -> bool {
-        let own = |n: u64| snapshot_threshold(n, shard.id, self.shard_count, self.node_id);
-        let every = self.config.snapshot_every.max(1);
+        let t = self.snapshot_thresholds(shard);
         let (writes, entries) = (shard.work.since_snapshot(), shard.work.entries_since_snapshot());
-        let floor = own(shard.work.devices() / SIZE_PER_SNAPSHOT);
-        writes >= floor && (entries >= own(every) || writes >= own(every.saturating_mul(WORK_PER_SNAPSHOT)))
+        writes >= t.floor && (entries >= t.entries || writes >= t.writes)
     }
 
     /// Decodes the snapshots of `ids` in parallel, one per core, for the groups about to open: a node
