@@ -15,6 +15,22 @@ use crate::hub::{Hub, HubClient};
 use crate::mqtt::{self, Endpoint, Msg};
 use crate::sas;
 
+/// Names the node (1-based) that every worker connects to, instead of spreading the workers over the
+/// nodes. A diagnostic for what the forwarding hop costs: a write that reaches a node which does not lead
+/// its shard is forwarded to the leader, so with every worker on the leader no write is forwarded and with
+/// every worker on a follower every write is. Never the yardstick: clients of a real deployment arrive
+/// through a load balancer, spread, as the default runs them. Unset or empty: spread.
+pub const CLIENTS_ON_NODE: &str = "TWINHUB_BENCH_CLIENTS_ON_NODE";
+
+fn clients_on_node() -> anyhow::Result<Option<usize>> {
+    match std::env::var(CLIENTS_ON_NODE) {
+        Ok(v) if !v.trim().is_empty() => {
+            v.trim().parse().map(Some).map_err(|e| anyhow::anyhow!("{CLIENTS_ON_NODE}={v:?}: {e}"))
+        }
+        _ => Ok(None),
+    }
+}
+
 pub struct Twinhub {
     pub hub: Hub,
 }
@@ -31,14 +47,20 @@ impl Target for Twinhub {
     }
 
     fn protocol(&self) -> String {
-        format!(
-            "HTTPS (TLS, HTTP/1.1 keep-alive, one connection per worker over {} nodes): PATCH /twins/{{id}} desired properties",
-            self.hub.http.len()
-        )
+        let spread = match clients_on_node() {
+            Ok(Some(n)) => format!("ALL on node {n} ({CLIENTS_ON_NODE}; a diagnostic, not the yardstick)"),
+            _ => format!("over {} nodes", self.hub.http.len()),
+        };
+        format!("HTTPS (TLS, HTTP/1.1 keep-alive, one connection per worker {spread}): PATCH /twins/{{id}} desired properties")
     }
 
     async fn client(&self, worker: usize) -> anyhow::Result<TwinhubClient> {
-        Ok(TwinhubClient { c: self.hub.client(worker) })
+        let node = match clients_on_node()? {
+            Some(n) if (1..=self.hub.http.len()).contains(&n) => n - 1,
+            Some(n) => anyhow::bail!("{CLIENTS_ON_NODE}={n}: the cluster has nodes 1 to {}", self.hub.http.len()),
+            None => worker,
+        };
+        Ok(TwinhubClient { c: self.hub.client(node) })
     }
 
     async fn watch(&self, counts: Arc<WatchCounts>) -> anyhow::Result<JoinHandle<()>> {
