@@ -631,7 +631,9 @@ impl Cluster {
         self.nodes.iter().map(|n| (n.id, std::fs::metadata(&n.log).map(|m| m.len()).unwrap_or(0))).collect()
     }
 
-    /// Lines with `panicked at` written to any node's log since `offsets`, with the line after each.
+    /// Lines with `panicked at` written to any node's log since `offsets`, with the line after each;
+    /// and each time a node stopped because it could not open its storage (a power loss that left
+    /// data the node cannot read back is a durability defect, even if the others carry the run).
     pub fn panics_since(&self, offsets: &BTreeMap<u64, u64>) -> Vec<String> {
         let mut out = Vec::new();
         for n in &self.nodes {
@@ -643,6 +645,8 @@ impl Cluster {
                 if l.contains("panicked at") {
                     let next = lines.get(i + 1).copied().unwrap_or("");
                     out.push(format!("node {}: {} | {}", n.id, l.trim(), next.trim()));
+                } else if l.contains("ERROR twinhub::cli") && l.contains("storage error") {
+                    out.push(format!("node {} stopped, its storage unreadable: {}", n.id, l.trim()));
                 }
             }
         }
