@@ -217,6 +217,11 @@ fn register_defaults() {
         "Twin writes of one shard proposed together as one Raft log entry (see --proposals-in-flight)."
     );
     metrics::describe_histogram!(
+        "twinhub_snapshot_image_seconds",
+        metrics::Unit::Seconds,
+        "Time one shard snapshot holds the state lock to take its image; apply waits meanwhile."
+    );
+    metrics::describe_histogram!(
         "twinhub_snapshot_encode_seconds",
         metrics::Unit::Seconds,
         "Time to encode one shard snapshot (off the state lock; apply goes on meanwhile)."

@@ -258,12 +258,16 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // since copying a large shard's map takes milliseconds an async worker would owe Raft.
         let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
         let (meta, image) = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
             let a = shared.read().unwrap_or_else(|e| e.into_inner());
             let meta = SnapshotMeta { last_log_id: a.last_applied, last_membership: a.membership.clone() };
             work.since.store(0, Ordering::Relaxed);
             work.entries.store(0, Ordering::Relaxed);
             work.devices.store(a.state.device_count() as u64, Ordering::Relaxed);
-            (meta, a.state.snapshot_image())
+            let image = a.state.snapshot_image();
+            drop(a);
+            metrics::histogram!("twinhub_snapshot_image_seconds").record(started.elapsed().as_secs_f64());
+            (meta, image)
         })
         .await
         .map_err(io::Error::other)?;

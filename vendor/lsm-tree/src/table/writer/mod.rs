@@ -63,15 +63,15 @@ pub struct Writer {
 
     /// File writer
     #[expect(clippy::struct_field_names)]
-    file_writer: sfa::Writer<ChecksummedWriter<BufWriter<File>>>,
+    file_writer: sfa::Writer<ChecksummedWriter<BufWriter<crate::file::PacedFile>>>,
 
     /// Writer of index blocks
     #[expect(clippy::struct_field_names)]
-    index_writer: Box<dyn BlockIndexWriter<BufWriter<File>>>,
+    index_writer: Box<dyn BlockIndexWriter<BufWriter<crate::file::PacedFile>>>,
 
     /// Writer of filter
     #[expect(clippy::struct_field_names)]
-    filter_writer: Box<dyn FilterWriter<BufWriter<File>>>,
+    filter_writer: Box<dyn FilterWriter<BufWriter<crate::file::PacedFile>>>,
 
     /// Buffer of KVs
     chunk: Vec<InternalValue>,
@@ -96,7 +96,7 @@ pub struct Writer {
 
 impl Writer {
     pub fn new(path: PathBuf, table_id: TableId, initial_level: u8) -> crate::Result<Self> {
-        let writer = BufWriter::with_capacity(u16::MAX.into(), File::create_new(&path)?);
+        let writer = BufWriter::with_capacity(u16::MAX.into(), crate::file::PacedFile::new(File::create_new(&path)?));
         let writer = ChecksummedWriter::new(writer);
         let mut writer = sfa::Writer::from_writer(writer);
         writer.start("data")?;

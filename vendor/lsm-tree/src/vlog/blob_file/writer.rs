@@ -42,7 +42,7 @@ pub struct Writer {
     pub(crate) blob_file_id: BlobFileId,
 
     #[expect(clippy::struct_field_names)]
-    writer: sfa::Writer<ChecksummedWriter<BufWriter<File>>>,
+    writer: sfa::Writer<ChecksummedWriter<BufWriter<crate::file::PacedFile>>>,
 
     offset: u64,
 
@@ -70,7 +70,7 @@ impl Writer {
     ) -> crate::Result<Self> {
         let path = path.as_ref();
 
-        let writer = BufWriter::new(File::create(path)?);
+        let writer = BufWriter::new(crate::file::PacedFile::new(File::create(path)?));
         let writer = ChecksummedWriter::new(writer);
         let mut writer = sfa::Writer::from_writer(writer);
         writer.start("data")?;

@@ -9,7 +9,7 @@ pub use full::FullIndexWriter;
 pub use partitioned::PartitionedIndexWriter;
 
 use crate::{checksum::ChecksummedWriter, table::index_block::KeyedBlockHandle, CompressionType};
-use std::{fs::File, io::BufWriter};
+use std::io::BufWriter;
 
 pub trait BlockIndexWriter<W: std::io::Write> {
     /// Registers a data block in the block index.
@@ -20,7 +20,7 @@ pub trait BlockIndexWriter<W: std::io::Write> {
     /// Returns the number of index blocks written.
     fn finish(
         self: Box<Self>,
-        file_writer: &mut sfa::Writer<ChecksummedWriter<BufWriter<File>>>,
+        file_writer: &mut sfa::Writer<ChecksummedWriter<BufWriter<crate::file::PacedFile>>>,
     ) -> crate::Result<usize>;
 
     fn use_compression(
