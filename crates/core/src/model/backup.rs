@@ -38,8 +38,8 @@ impl ShardState {
     /// At most `limit` devices after `after`, in id order.
     pub fn backup_page(&self, after: Option<&str>, limit: usize) -> BackupPage {
         let range = match after {
-            Some(a) => self.devices.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
-            None => self.devices.range::<str, _>(..),
+            Some(a) => self.devices.range::<_, str>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            None => self.devices.range::<_, str>(..),
         };
         let devices: BTreeMap<String, DeviceEntry> =
             range.take(limit).map(|(k, v)| (k.to_string(), (**v).clone())).collect();

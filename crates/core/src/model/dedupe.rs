@@ -11,8 +11,6 @@
 
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use super::command::RequestId;
@@ -72,45 +70,22 @@ impl WrittenTwin {
     }
 }
 
-/// Hashes a [`RequestId`] by folding its two halves into one word. The ids are random (version 4
-/// UUIDs that the node taking a request draws, never a client's), so they need no keyed hash to spread
-/// over a table, nor one to stand up to ids chosen to collide: the two halves' fixed version and
-/// variant bits fall in different places, and their XOR has 64 random bits. With SipHash, the
-/// lookups, inserts and evictions of both windows hashed each applied command four to six times on
-/// every replica, for nothing.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FoldId(u64);
-
-impl Hasher for FoldId {
-    fn write_u128(&mut self, id: u128) {
-        // The high half is multiplied so that an id whose halves are equal (a test's small ids, never a
-        // drawn one) does not fold to zero.
-        self.0 ^= ((id >> 64) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id as u64;
-    }
-
-    /// Anything else a `Hash` impl might write (none of `RequestId`'s does): mixed byte by byte
-    /// (FNV-1a), so the hasher is never wrong, only slower.
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-type ById<V> = HashMap<RequestId, V, BuildHasherDefault<FoldId>>;
+/// A window's map by request id: a persistent B-tree (imbl's `OrdMap`, whose nodes are shared by
+/// reference count), like the window's order, a persistent vector. A snapshot takes an image of both
+/// windows under the state lock that apply waits for: copying `std` hash maps there allocated two
+/// tables of most of a MiB and cloned ten thousand entries into them, 1-46 ms on a busy node (fresh
+/// huge pages faulted in among it); these copy in O(1), and a write after the image copies only the
+/// few nodes on its path. Measured against imbl's hash map (a hash array mapped trie) in the closed
+/// write loop, the B-tree cost less CPU per update: its wide nodes keep the 128-bit keys of a lookup
+/// in a few contiguous arrays (benches/README.md).
+type ById<V> = imbl::OrdMap<RequestId, V>;
 
 /// The order lives in the queue; the map only answers "seen?", once per applied command on every
-/// replica. A hash map does that in one probe; a B-tree of ten thousand random 128-bit ids walks
-/// several nodes that are rarely in cache, which the write path's profile showed as 3.5 % of the
-/// nodes' CPU. Nothing iterates the maps, so their order cannot make replicas differ.
+/// replica. Nothing iterates the maps, so their order cannot make replicas differ.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "Vec<(RequestId, Remembered)>")]
 pub struct Dedupe {
-    order: VecDeque<RequestId>,
+    order: imbl::Vector<RequestId>,
     outcomes: ById<Remembered>,
 }
 
@@ -147,7 +122,7 @@ pub const REPLY_BYTES: usize = 4 << 20;
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "Vec<(RequestId, JsonText)>")]
 pub struct RecentReplies {
-    order: VecDeque<(RequestId, usize)>,
+    order: imbl::Vector<(RequestId, usize)>,
     docs: ById<JsonText>,
     bytes: usize,
 }
@@ -287,19 +262,6 @@ mod tests {
         assert_eq!(serde_json::to_string(&r).unwrap(), serde_json::to_string(&list).unwrap());
         assert_eq!(round_trips(&r), r);
         assert_eq!(round_trips(&d), d);
-    }
-
-    #[test]
-    fn drawn_ids_fold_to_spread_hashes() {
-        use std::hash::BuildHasher;
-        let build = BuildHasherDefault::<FoldId>::default();
-        let hashes: std::collections::HashSet<u64> = (0..10_000).map(|_| build.hash_one(RequestId::random())).collect();
-        assert_eq!(hashes.len(), 10_000, "no two of 10,000 drawn ids hash alike");
-        // hashbrown places by the low bits and tags by the top seven: both must vary.
-        let low: std::collections::HashSet<u64> = hashes.iter().map(|h| h & 0xfff).collect();
-        let top: std::collections::HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
-        assert!(low.len() > 3_000 && top.len() == 128, "low {} top {}", low.len(), top.len());
-        assert_ne!(build.hash_one(RequestId(1 << 64 | 1)), 0);
     }
 
     #[test]

@@ -23,14 +23,11 @@
 //! copies them and decoding checks them, without building a tree.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use super::command::RequestId;
 use super::dedupe::Dedupe;
 use super::json_text::JsonText;
-use super::registry::DeviceEntry;
-use super::{tag_index, ShardState};
+use super::{tag_index, Devices, ShardState};
 
 /// The first bytes of a binary snapshot. A JSON snapshot starts with `{`.
 const BINARY_TAG: &[u8; 8] = b"twinsnp5";
@@ -62,7 +59,7 @@ struct Binary<'a> {
     /// The window of recent replies, oldest first: request id and document text.
     #[serde(borrow)]
     replies: Vec<(RequestId, &'a str)>,
-    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
+    devices: Devices,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -72,14 +69,14 @@ struct Binary4<'a> {
     /// The window of recent replies, oldest first: request id and document text.
     #[serde(borrow)]
     replies: Vec<(RequestId, &'a str)>,
-    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
+    devices: Devices,
 }
 
 #[derive(Serialize, Deserialize)]
 struct Binary3<'a> {
     /// JSON of the state with its devices left out.
     rest: &'a str,
-    devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>,
+    devices: Devices,
 }
 
 /// What [`ShardState::snapshot_image`] took: the state as it was then, good only for encoding (it has
@@ -162,7 +159,7 @@ impl ShardState {
             Ok(state)
         };
         // The JSON part, then the replies' texts (each checked to be one JSON value) and the devices.
-        let read = |rest: &str, replies: Vec<(RequestId, &str)>, devices: BTreeMap<Arc<str>, Arc<DeviceEntry>>| {
+        let read = |rest: &str, replies: Vec<(RequestId, &str)>, devices: Devices| {
             let mut state: ShardState = serde_json::from_str(rest).map_err(|e| corrupt(&e))?;
             let replies = replies.into_iter().map(|(id, text)| Ok((id, JsonText::parse(text)?)));
             let replies: Result<Vec<_>, serde_json::Error> = replies.collect();
@@ -206,6 +203,7 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn refuses_truncated_and_padded_binary_snapshots() {
