@@ -255,8 +255,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let _building = Building::start(&self.work);
         // The image is taken under the state's lock, which apply needs too: at the default priority,
         // so that a thread at a lower one is never preempted holding it, and on the blocking pool,
-        // since copying the windows of recent outcomes and replies (a persistent map makes the
-        // devices' copy O(1)) still takes time an async worker would owe Raft. The time is on
+        // since waiting for the lock would block an async worker. The copy itself is O(1) now (the devices
+        // and both retry windows are persistent collections); its time, lock wait included, is on
         // `/metrics` (`twinhub_snapshot_image_seconds`).
         let (shared, work) = (Arc::clone(&self.shared), Arc::clone(&self.work));
         let (meta, image) = tokio::task::spawn_blocking(move || {

@@ -308,7 +308,7 @@ mod tests {
                 let v = value(i);
                 bytes += v.len();
                 store.log.insert(log_key(0, i), v).expect("insert");
-                // Small values stay in the tables: several MiB of keys and short values too.
+                // Short values stay in the tables, beside the blobs' keys and pointers.
                 store.log.insert(log_key(1, i), i.to_le_bytes()).expect("insert");
             }
             store.log.rotate_memtable_and_wait().expect("flush");
