@@ -289,7 +289,7 @@ impl ShardState {
                         body: entry.render_twin(id, None),
                     });
                 }
-                let id: Arc<str> = id.into();
+                let id = super::DeviceKey::from(id);
                 self.tag_index.add(&id, entry.twin.tags.root());
                 self.devices.insert(id, Arc::new(entry));
                 Ok(())

@@ -60,7 +60,7 @@ impl ShardState {
         let mut inserted = 0;
         for (id, entry) in &page.devices {
             if !self.devices.contains_key(id.as_str()) {
-                let key: std::sync::Arc<str> = id.as_str().into();
+                let key = super::DeviceKey::from(id.as_str());
                 self.tag_index.add(&key, entry.twin.tags.root());
                 self.devices.insert(key, std::sync::Arc::new(entry.clone()));
                 inserted += 1;

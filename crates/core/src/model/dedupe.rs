@@ -16,6 +16,7 @@ use std::sync::Arc;
 use super::command::RequestId;
 use super::error::TwinError;
 use super::json_text::JsonText;
+use super::DeviceKey;
 use crate::ids::TwinId;
 
 pub const DEDUPE_WINDOW: usize = 10_000;
@@ -56,12 +57,12 @@ pub enum Remembered {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename = "TwinId")]
 pub struct WrittenTwin {
-    device_id: Arc<str>,
+    device_id: DeviceKey,
     module_id: Option<Arc<str>>,
 }
 
 impl WrittenTwin {
-    pub fn new(device_id: Arc<str>, module_id: Option<&str>) -> WrittenTwin {
+    pub fn new(device_id: DeviceKey, module_id: Option<&str>) -> WrittenTwin {
         WrittenTwin { device_id, module_id: module_id.map(Arc::from) }
     }
 
@@ -232,7 +233,7 @@ mod tests {
     #[test]
     fn windows_are_written_as_their_lists_of_pairs() {
         let mut d = Dedupe::default();
-        let twin = |m: Option<&str>| Remembered::Twin(WrittenTwin::new(Arc::from("d"), m));
+        let twin = |m: Option<&str>| Remembered::Twin(WrittenTwin::new(DeviceKey::from("d"), m));
         d.remember(RequestId(3), twin(None));
         d.remember(RequestId(1), Remembered::Reported(7));
         d.remember(RequestId(4), twin(Some("m")));

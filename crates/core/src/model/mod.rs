@@ -137,17 +137,26 @@ pub struct DeviceStats {
 /// windows of recent outcomes and replies as `std` hash maps) the image walked and allocated
 /// everything under the state lock: 10-23 ms per snapshot on a busy node, during which apply waited;
 /// now a few microseconds (benches/README.md).
-type Devices = imbl::OrdMap<Arc<str>, Arc<DeviceEntry>>;
+type Devices = imbl::OrdMap<DeviceKey, Arc<DeviceEntry>>;
+
+/// A device id as the shard's maps hold it. Ids of up to 23 bytes (most fleets' naming) are held
+/// inline in the key itself, so the half dozen compares of a lookup in a B-tree node read the node's
+/// own memory; as `Arc<str>` each compare followed a pointer to the id's text, most of them a cache
+/// miss: that was most of the cost of finding a twin on every replica (benches/README.md). Longer ids
+/// are a shared `Arc<str>` as before, so a copy of a key (the tag index, the retry window) never
+/// allocates. Serialized as the text: snapshots are unchanged.
+pub type DeviceKey = smol_str::SmolStr;
 
 /// The registry and twins of one shard: the Raft state machine's data.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ShardState {
     /// Devices by id; each holds its twin and its modules (with their twins), so deleting a device
-    /// deletes everything under it at once. The id is shared with the tag index, and the entry is
-    /// behind a pointer: a map slot then holds 24 bytes instead of the whole entry, whose ~500 bytes
-    /// would sit in B-tree nodes that are, on average, a third empty. The pointer is shared so that a
-    /// [`SnapshotImage`] shares the map and the twins: apply copies an entry (`Arc::make_mut`) only
-    /// when it changes one that an image being encoded still holds.
+    /// deletes everything under it at once. The id ([`DeviceKey`]) is copied into the tag index
+    /// without allocating, and the entry is behind a pointer: a map slot then holds 32 bytes instead
+    /// of the whole entry, whose ~500 bytes would sit in B-tree nodes that are, on average, a third
+    /// empty. The pointer is shared so that a [`SnapshotImage`] shares the map and the twins: apply
+    /// copies an entry (`Arc::make_mut`) only when it changes one that an image being encoded still
+    /// holds.
     devices: Devices,
     /// Last etag counter handed out (twin and identity etags). Only grows: etags are never reused.
     etag_seq: u64,
@@ -259,8 +268,8 @@ impl ShardState {
     /// The twin a write just wrote, for the dedupe window, naming its device by the shard's own key.
     fn written_twin(&self, id: &TwinId) -> WrittenTwin {
         let device = match self.devices.get_key_value(id.device_id.as_str()) {
-            Some((key, _)) => Arc::clone(key),
-            None => Arc::from(id.device_id.as_str()),
+            Some((key, _)) => key.clone(),
+            None => DeviceKey::from(id.device_id.as_str()),
         };
         WrittenTwin::new(device, id.module_id.as_deref())
     }

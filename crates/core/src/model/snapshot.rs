@@ -203,7 +203,6 @@ impl ShardState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     #[test]
     fn refuses_truncated_and_padded_binary_snapshots() {
@@ -282,8 +281,8 @@ mod tests {
             Remembered::Reported(-3),
             Remembered::Device("d".into()),
             Remembered::Module("d".into(), "m".into()),
-            Remembered::Twin(WrittenTwin::new(Arc::from("d"), None)),
-            Remembered::Twin(WrittenTwin::new(Arc::from("d"), Some("m"))),
+            Remembered::Twin(WrittenTwin::new(crate::model::DeviceKey::from("d"), None)),
+            Remembered::Twin(WrittenTwin::new(crate::model::DeviceKey::from("d"), Some("m"))),
             Remembered::Job("j".into()),
             Remembered::Bulk(vec![None, Some(TwinError::DeviceAlreadyExists("e".into()))]),
             Remembered::Claim { claimed: true, running: false },

@@ -18,9 +18,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
-use std::sync::Arc;
 
 use super::packed::{NodeRef, ValueRef};
+use super::DeviceKey;
 
 /// Deepest tag path indexed (`tags.a.b.c.d`).
 pub const MAX_DEPTH: usize = 4;
@@ -67,12 +67,12 @@ const INLINE: usize = 16;
 /// so ids of up to [`INLINE`] bytes (most fleets' naming) are held inline, as the big-endian number
 /// of their zero-padded bytes: each of those compares is one integer compare in the tree's own nodes
 /// instead of a pointer chase to the id's text. Padded numbers order as the ids do, since an id held
-/// inline never contains a NUL byte. Longer ids are the shard's own (`Arc<str>` shared with its
-/// device map), so either way an entry costs 16 bytes.
+/// inline never contains a NUL byte. Longer ids are the shard's own key (shared with its device map),
+/// so no entry allocates.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct IdSet {
     inline: BTreeSet<u128>,
-    shared: BTreeSet<Arc<str>>,
+    shared: BTreeSet<DeviceKey>,
 }
 
 /// The big-endian number of `bytes` (at most [`INLINE`] of them) zero-padded.
@@ -109,7 +109,7 @@ impl CandidateId<'_> {
 }
 
 impl IdSet {
-    fn insert(&mut self, id: &Arc<str>) {
+    fn insert(&mut self, id: &DeviceKey) {
         match inline_id(id) {
             Some(n) => self.inline.insert(n),
             None => self.shared.insert(id.clone()),
@@ -178,7 +178,7 @@ pub struct TagIndex {
 
 impl TagIndex {
     /// Lists `device` under every indexed primitive of `tags`.
-    pub fn add(&mut self, device: &Arc<str>, tags: NodeRef<'_>) {
+    pub fn add(&mut self, device: &DeviceKey, tags: NodeRef<'_>) {
         let entries = &mut self.entries;
         Self::keys_of(tags, &mut Vec::new(), &mut |key| {
             entries.entry(key).or_default().insert(device);
@@ -256,7 +256,7 @@ mod tests {
         all
     }
 
-    fn id(s: &str) -> Arc<str> {
+    fn id(s: &str) -> DeviceKey {
         s.into()
     }
 
