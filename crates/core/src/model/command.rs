@@ -15,10 +15,12 @@ use crate::ids::TwinId;
 pub struct RequestId(pub u128);
 
 impl RequestId {
-    /// A new id: a version 7 UUID, 74 random bits after the time in milliseconds. Unguessable, like a
-    /// random one, and ordered by time, so the retry windows (maps by request id, oldest evicted
-    /// first) insert and evict at the ends of their trees, whose nodes stay in the cache, instead of
-    /// at a random leaf for every write (benches/README.md).
+    /// A new id: a version 7 UUID (uuid's `now_v7`): the time in milliseconds, then a counter seeded
+    /// at random every millisecond and 32 fresh random bits. Unique, and ordered by time, so the retry
+    /// windows (maps by request id, oldest evicted first) insert and evict at the ends of their trees,
+    /// whose nodes stay in the cache, instead of at a random leaf for every write (benches/README.md).
+    /// Ids are made by the node that takes a request and never leave the cluster: no client sends or
+    /// sees one, so they need to be unique, not secret.
     pub fn random() -> Self {
         RequestId(uuid::Uuid::now_v7().as_u128())
     }
