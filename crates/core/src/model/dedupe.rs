@@ -51,9 +51,9 @@ pub enum Remembered {
 }
 
 /// The twin a remembered twin write wrote. Written exactly as a [`TwinId`] is, so snapshots read and
-/// write it as they always have; held as the shard's own shared device key, so that copying the window
-/// for a snapshot (ten thousand outcomes, nearly all twin writes under a write load) and dropping the
-/// copy touch reference counts instead of allocating and freeing a string each.
+/// write it as they always have; held as a [`DeviceKey`] (a short id inline, a longer one as the shard's
+/// own shared key), so that copying the window for a snapshot (ten thousand outcomes, nearly all twin
+/// writes under a write load) and dropping the copy never allocate or free a string each.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename = "TwinId")]
 pub struct WrittenTwin {
