@@ -507,6 +507,8 @@ pub fn cluster_wire(data: &[u8]) {
     let _ = postcard::from_bytes::<(ShardId, Option<u64>)>(data);
     let _ = serde_json::from_slice::<crate::model::Command>(data);
     let _ = serde_json::from_slice::<(NodeId, String)>(data);
+    // The answer of a forwarded write.
+    let _ = crate::twin::read_write_answer(data);
 
     cluster_auth_headers(data);
     cluster_frame(data);
@@ -547,8 +549,8 @@ fn cluster_auth_headers(data: &[u8]) {
     let body = parts.next().unwrap_or_default();
     let Ok(claim) = Claim::from_headers(&headers, NOW_MS) else { return };
     if let Ok(secret) = ClusterSecret::new(b"fuzz cluster secret") {
-        let _ = claim.verify_request(&secret, "POST", "/cluster/v4/raft/append");
-        let _ = claim.verify_response(&secret, 200, "/cluster/v4/raft/append", Nonce([7; 16]));
+        let _ = claim.verify_request(&secret, "POST", "/cluster/v5/raft/append");
+        let _ = claim.verify_response(&secret, 200, "/cluster/v5/raft/append", Nonce([7; 16]));
         let _ = claim.check_body(body);
     }
 }

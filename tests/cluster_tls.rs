@@ -24,7 +24,7 @@ async fn frame_request<I>(io: I) -> Result<u16, String>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    Ok(frames::request(io, "/cluster/v4/call/node.status", &[], b"").await?.status)
+    Ok(frames::request(io, "/cluster/v5/call/node.status", &[], b"").await?.status)
 }
 
 /// TCP + TLS with `config` to node `id` at `addr`, then one request.

@@ -740,7 +740,7 @@ mod seeds {
         use twinhub::cluster::transport::auth::{self, BodyDigest, ClusterSecret, Direction, Envelope, Nonce};
         let envelope = Envelope {
             direction: Direction::Request { method: "POST" },
-            path: "/cluster/v4/raft/append",
+            path: "/cluster/v5/raft/append",
             node: 2,
             ts: NOW_SECS as u64 * 1000,
             nonce: Nonce([0x5a; 16]),
@@ -768,7 +768,7 @@ mod seeds {
             ("map_write_json", serde_json::to_vec(&cmd).expect("encode")),
             ("event_tail", postcard::to_allocvec(&(2u32, Some(17u64))).expect("encode")),
             ("join_json", br#"[4,"10.0.0.4:7000"]"#.to_vec()),
-            ("endpoint", b"/cluster/v4/call/twin.write".to_vec()),
+            ("endpoint", b"/cluster/v5/call/twin.write".to_vec()),
             ("signed_vote", headers),
         ]
     }

@@ -37,7 +37,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const SHARDS: u32 = 2;
-const STATUS_PATH: &str = "/cluster/v4/call/node.status";
+const STATUS_PATH: &str = "/cluster/v5/call/node.status";
 /// The one header that carries a message's signed fields and MAC.
 const AUTH_HEADER: &str = "x-twinhub-auth";
 /// Generous: a debug build on a loaded 2-core machine.

@@ -11,8 +11,8 @@
 //!   cost about a tenth of the nodes' CPU under load (measured in `benches/README.md`).
 //! - [`peers`]: node id → address, the lazily opened connection per peer and its backoff.
 //! - [`batch`]: every group's AppendEntries to one peer share a call when they queue up.
-//! - [`wire`]: endpoints (the paths `/cluster/v4/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
-//!   `/cluster/v4/call/{name}`), the protocol version and postcard envelopes.
+//! - [`wire`]: endpoints (the paths `/cluster/v5/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`,
+//!   `/cluster/v5/call/{name}`), the protocol version and postcard envelopes.
 //! - [`auth`]: request and response signatures; [`replay`]: the receiver's nonce cache.
 //!
 //! # Deadlines

@@ -446,7 +446,7 @@ mod tests {
                 Direction::Response { .. } => RESPONSE_DOMAIN,
             };
             let e =
-                Envelope { direction, path: "/cluster/v4/raft/append", node: 7, ts: 1_700_000_000_123, nonce, body };
+                Envelope { direction, path: "/cluster/v5/raft/append", node: 7, ts: 1_700_000_000_123, nonce, body };
             // The layout written out independently of the code under test.
             let mut fields = Vec::new();
             fields.extend_from_slice(&7u64.to_be_bytes());
@@ -455,7 +455,7 @@ mod tests {
             fields.extend_from_slice(&4u64.to_be_bytes());
             fields.extend_from_slice(&body.sha256);
             let mut mac = HmacSha256::new_from_slice(b"k").expect("key");
-            mac.update(format!("{domain}\n{verb}\n/cluster/v4/raft/append\n").as_bytes());
+            mac.update(format!("{domain}\n{verb}\n/cluster/v5/raft/append\n").as_bytes());
             mac.update(&fields);
             let mut want = fields.clone();
             want.extend_from_slice(&mac.finalize().into_bytes());

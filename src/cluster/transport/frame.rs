@@ -502,13 +502,13 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-a", HeaderValue::from_static("one"));
         h.append("x-a", HeaderValue::from_static("two"));
-        let f = encode(7, Kind::Request, 0, "/cluster/v4/raft/vote", &h, b"body");
+        let f = encode(7, Kind::Request, 0, "/cluster/v5/raft/vote", &h, b"body");
         let (head_len, body_len, head) = split(&f);
         assert_eq!(f.len(), 8 + head_len + body_len);
         let got = decode_head(head, body_len).expect("decodes");
         assert_eq!(
             (got.id, got.kind, got.status, got.path.as_str(), got.body_len),
-            (7, Kind::Request, 0, "/cluster/v4/raft/vote", 4)
+            (7, Kind::Request, 0, "/cluster/v5/raft/vote", 4)
         );
         assert_eq!(got.headers.get_all("x-a").iter().count(), 2);
         assert_eq!(&f[8 + head_len..], b"body");

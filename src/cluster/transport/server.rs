@@ -73,7 +73,7 @@ pub struct CallError(pub String);
 
 pub type CallFuture = Pin<Box<dyn Future<Output = Result<Bytes, CallError>> + Send>>;
 
-/// A handler of `POST /cluster/v4/call/{name}`: the authenticated caller's node id and the request
+/// A handler of `POST /cluster/v5/call/{name}`: the authenticated caller's node id and the request
 /// bytes in, the answer bytes out.
 pub type CallHandler = Arc<dyn Fn(NodeId, Bytes) -> CallFuture + Send + Sync>;
 

@@ -350,7 +350,7 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::Unauthorized);
     assert!(answer.is_unsigned());
     // Signed for another path: refused.
-    let other = signed(SECRET, 2, "/cluster/v4/raft/prevote", unix_ms(), &body);
+    let other = signed(SECRET, 2, "/cluster/v5/raft/prevote", unix_ms(), &body);
     assert_eq!(raw_post(&node.addr, &path, &other, body.clone()).await.status, StatusCode::UNAUTHORIZED);
     // A valid header MAC over another body: refused once the body is read, and unsigned.
     let mut tampered = body.clone();

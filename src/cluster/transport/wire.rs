@@ -1,7 +1,7 @@
 //! What travels between nodes: endpoints, postcard envelopes and the failure body of a refused request.
 //!
-//! One endpoint per RPC kind (`POST /cluster/v4/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`)
-//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v4/call/{name}` for
+//! One endpoint per RPC kind (`POST /cluster/v5/raft/{append|append-batch|vote|prevote|snapshot|transfer-leader}`)
+//! so metrics, limits and logs name the kind without decoding, and `POST /cluster/v5/call/{name}` for
 //! anything else a node asks another (request forwarding). Bodies are postcard: compact, and every
 //! payload of ours is postcard-safe (JSON documents travel as strings).
 //!
@@ -12,7 +12,9 @@
 //! Version 2 signs requests and responses in separate domains, with nonces, and the body's length and
 //! digest in the headers; version 1 nodes cannot talk to it. Version 3 carries the same signed fields
 //! in one binary header instead of six text ones (see [`super::auth`]). Version 4 adds a log entry that
-//! carries several twin writes of one shard (`Op::Batch`), which a version 3 node cannot read.
+//! carries several twin writes of one shard (`Op::Batch`), which a version 3 node cannot read. Version 5
+//! answers a forwarded twin write that returns a twin document with that document's text alone, not
+//! inside the JSON of the outcome (see `twin::write_answer`).
 
 use std::borrow::Cow;
 
@@ -24,12 +26,12 @@ use crate::ids::ShardId;
 use crate::storage::types::{SnapshotMeta, Vote};
 
 /// The inter-node protocol this build speaks; bump it with any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// Every answer (signed or not) says which protocol version the node speaks, for diagnosis only: it
 /// is not authenticated and decides nothing but the error message.
 pub const HEADER_PROTO: &str = "x-twinhub-proto";
-pub const RAFT_PREFIX: &str = "/cluster/v4/raft/";
-pub const CALL_PREFIX: &str = "/cluster/v4/call/";
+pub const RAFT_PREFIX: &str = "/cluster/v5/raft/";
+pub const CALL_PREFIX: &str = "/cluster/v5/call/";
 /// What every version's paths start with.
 const VERSIONED_PREFIX: &str = "/cluster/v";
 
@@ -71,7 +73,7 @@ impl RaftKind {
     }
 }
 
-/// The generic inter-node calls (`POST /cluster/v4/call/{name}`), each served by one handler. The
+/// The generic inter-node calls (`POST /cluster/v5/call/{name}`), each served by one handler. The
 /// name on the wire is the variant's [`Call::name`]; a name no handler serves (a node of another
 /// release) is answered `no_handler`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -421,14 +423,14 @@ mod tests {
         }
         let call = Endpoint::Call("twin.write".into());
         assert_eq!(Endpoint::parse(&call.path()), Some(call));
-        for bad in ["/cluster/v4/raft/nope", "/cluster/v4/call/", "/cluster/v4/call/a/b", "/cluster/v4/call/%20", "/x"]
+        for bad in ["/cluster/v5/raft/nope", "/cluster/v5/call/", "/cluster/v5/call/a/b", "/cluster/v5/call/%20", "/x"]
         {
             assert_eq!(Endpoint::parse(bad), None, "{bad}");
         }
         // Earlier versions' paths are no endpoints any more, and are recognised as another version.
         assert_eq!(Endpoint::parse("/cluster/v2/call/node.status"), None);
         assert!(other_version("/cluster/v2/call/node.status") && other_version("/cluster/v3/raft/vote"));
-        assert!(!other_version("/cluster/v4/call/twin.write") && !other_version("/x"));
+        assert!(!other_version("/cluster/v5/call/twin.write") && !other_version("/x"));
         assert!(
             RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
                 && CALL_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
