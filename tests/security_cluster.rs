@@ -80,7 +80,7 @@ fn signed_request(secret: &str, node: u64, path: &str, signed_body: &[u8]) -> (H
     let nonce = rand::random::<[u8; 16]>();
     let f = fields(node, unix_ms(), &nonce, signed_body.len() as u64, &Sha256::digest(signed_body));
     let mut h = HeaderMap::new();
-    h.insert(AUTH_HEADER, auth_value(&f, &mac(secret, "twinhub-req-v4", "POST", path, &f)));
+    h.insert(AUTH_HEADER, auth_value(&f, &mac(secret, "twinhub-req-v5", "POST", path, &f)));
     (h, nonce)
 }
 
@@ -92,7 +92,7 @@ fn is_answer_to(secret: &str, a: &Answer, path: &str, node: u64, nonce: &[u8; 16
     }
     let ts = u64::from_be_bytes(raw[8..16].try_into().expect("8 bytes"));
     let want = fields(node, ts, nonce, a.body.len() as u64, &Sha256::digest(&a.body));
-    raw[..72] == want[..] && raw[72..] == mac(secret, "twinhub-resp-v4", a.status.as_str(), path, &want)[..]
+    raw[..72] == want[..] && raw[72..] == mac(secret, "twinhub-resp-v5", a.status.as_str(), path, &want)[..]
 }
 
 struct Answer {
@@ -215,10 +215,10 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     // (a) An unauthenticated POST: refused, unsigned, with only a failure code in the body.
     let a = send(n1, STATUS_PATH, &HeaderMap::new(), Bytes::new()).await;
     a.assert_unsigned_refusal("unauthenticated node.status");
-    assert_eq!(a.headers.get("x-twinhub-proto").map(|v| v.as_bytes()), Some(&b"4"[..]));
+    assert_eq!(a.headers.get("x-twinhub-proto").map(|v| v.as_bytes()), Some(&b"5"[..]));
     assert_eq!(&a.body[..], b"\x00", "only the 'unauthorized' code");
     // The previous version's path is refused as another protocol version, also unsigned.
-    let old = send(n1, "/cluster/v3/call/node.status", &HeaderMap::new(), Bytes::new()).await;
+    let old = send(n1, "/cluster/v4/call/node.status", &HeaderMap::new(), Bytes::new()).await;
     assert_eq!(old.status, StatusCode::BAD_REQUEST);
     assert!(old.signature_headers().is_empty());
     eprintln!("(a) unauthenticated request: {} without a signature header", a.status);

@@ -15,8 +15,8 @@
 //! where `input` is three lines, each ending with `\n`, then the first 72 bytes above:
 //!
 //! ```text
-//! request:  twinhub-req-v4  METHOD  PATH  FIELDS
-//! response: twinhub-resp-v4 STATUS  PATH  FIELDS
+//! request:  twinhub-req-v5  METHOD  PATH  FIELDS
+//! response: twinhub-resp-v5 STATUS  PATH  FIELDS
 //! ```
 //!
 //! Why each field is there:
@@ -69,10 +69,10 @@ pub const AUTH_LEN: usize = FIELDS_LEN + 32;
 /// Length of the header value: base64 with padding of [`AUTH_LEN`] bytes.
 const AUTH_B64_LEN: usize = AUTH_LEN.div_ceil(3) * 4;
 
-/// First line of the MAC input of a request; `v4` is the protocol version (see [`super::wire`]).
-pub const REQUEST_DOMAIN: &str = "twinhub-req-v4";
+/// First line of the MAC input of a request; `v5` is the protocol version (see [`super::wire`]).
+pub const REQUEST_DOMAIN: &str = "twinhub-req-v5";
 /// First line of the MAC input of a response.
-pub const RESPONSE_DOMAIN: &str = "twinhub-resp-v4";
+pub const RESPONSE_DOMAIN: &str = "twinhub-resp-v5";
 
 /// How far a message's timestamp may be from the receiver's clock. Node clocks must agree within it
 /// (NTP does far better); the replay cache remembers nonces for as long as a timestamp stays valid.

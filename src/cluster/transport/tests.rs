@@ -361,8 +361,11 @@ async fn test_wrong_secret_or_stale_timestamp_is_refused_before_raft() {
     // Missing headers: refused.
     assert_eq!(raw_post(&node.addr, &path, &HeaderMap::new(), body.clone()).await.status, StatusCode::UNAUTHORIZED);
     // The previous version's paths: refused as another protocol version.
-    let answer = raw_post(&node.addr, "/cluster/v3/raft/vote", &HeaderMap::new(), body).await;
-    assert_eq!(RpcFailure::from_body(answer.status, &answer.body), RpcFailure::ProtocolVersion { ours: 4 });
+    let answer = raw_post(&node.addr, "/cluster/v4/raft/vote", &HeaderMap::new(), body).await;
+    assert_eq!(
+        RpcFailure::from_body(answer.status, &answer.body),
+        RpcFailure::ProtocolVersion { ours: wire::PROTOCOL_VERSION }
+    );
 
     assert_eq!(term(), 0, "a refused request reached Raft");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "a refused call reached its handler");

@@ -429,7 +429,11 @@ mod tests {
         }
         // Earlier versions' paths are no endpoints any more, and are recognised as another version.
         assert_eq!(Endpoint::parse("/cluster/v2/call/node.status"), None);
-        assert!(other_version("/cluster/v2/call/node.status") && other_version("/cluster/v3/raft/vote"));
+        assert!(
+            other_version("/cluster/v2/call/node.status")
+                && other_version("/cluster/v3/raft/vote")
+                && other_version("/cluster/v4/raft/vote")
+        );
         assert!(!other_version("/cluster/v5/call/twin.write") && !other_version("/x"));
         assert!(
             RAFT_PREFIX.contains(&format!("/v{PROTOCOL_VERSION}/"))
