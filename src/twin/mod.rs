@@ -95,11 +95,15 @@ fn write_answer(r: &Result<Applied, ShardError>) -> Result<bytes::Bytes, CallErr
     }
 }
 
-/// Reads what [`write_answer`] wrote (fuzzed as a cluster message, `fuzzing::cluster_wire`).
+/// Reads what [`write_answer`] wrote (fuzzed as a cluster message, `fuzzing::cluster_wire`). A twin's
+/// text is checked to be UTF-8 and not empty, not read as JSON (see [`JsonText::from_member`]).
 pub(crate) fn read_write_answer(bytes: &[u8]) -> Result<Result<Applied, ShardError>, String> {
     match bytes.split_first() {
         Some((&TWIN_ANSWER, text)) => {
             let text = std::str::from_utf8(text).map_err(|e| format!("twin text: {e}"))?;
+            if text.is_empty() {
+                return Err("twin text: empty".into());
+            }
             let doc = JsonText::from_member(text);
             Ok(Ok(Applied { result: Ok(Reply::Twin(doc)), events: Vec::new() }))
         }
@@ -507,6 +511,7 @@ mod tests {
     #[test]
     fn a_twin_answer_that_is_not_text_is_refused() {
         assert!(read_write_answer(&[TWIN_ANSWER, 0xff, 0xfe]).is_err());
+        assert!(read_write_answer(&[TWIN_ANSWER]).is_err(), "no document at all");
         assert!(read_write_answer(b"").is_err());
         assert!(read_write_answer(b"not json").is_err());
     }
