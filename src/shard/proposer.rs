@@ -11,10 +11,12 @@
 //! [`MAX_BYTES`]). So a batch forms only behind proposals that are already on their way through Raft,
 //! and an idle shard proposes every write the moment it arrives, as without batching.
 //!
-//! What it buys, measured (benches/README.md): per-entry work is small beside a Raft round's, and a
-//! batch that waits for an earlier entry's apply lets that entry's commit travel in an append of its
-//! own, so a closed loop costs the same with and without batches. Light load sees a lower tail, and
-//! the log holds fewer entries.
+//! What it buys, measured (benches/README.md): fewer Raft rounds. A round's work (an append to each
+//! follower, an fsync on every replica, the wake-ups between them) is paid once for every write of an
+//! entry, so the fewer entries out at once, the more writes each carries: with one (the default) the
+//! closed loop's entries carry about twice the writes they do with two, for about 4 % less CPU per
+//! update. A batch that waits for an earlier entry's apply lets that entry's commit travel in an
+//! append of its own. Light load sees a lower tail, and the log holds fewer entries.
 //!
 //! Order: the queue is one channel, taken in order, and each entry is handed to openraft before the
 //! next is formed; writes of one twin (sent by its actor one after the other) apply in that order.
