@@ -125,6 +125,10 @@ fn register_defaults() {
             "AppendEntries sent by the groups this node leads, by what they carry (entries, commit, heartbeat).",
         ),
         ("twinhub_raft_entries_sent_total", "Log entries sent in AppendEntries by the groups this node leads."),
+        (
+            "twinhub_raft_commits_carried_total",
+            "Commit indexes that waited for the next entries and went with them instead of alone.",
+        ),
         ("twinhub_shard_leader_changes_total", "Leader changes seen by this node, by shard."),
         ("twinhub_shard_leader_transfers_total", "Leadership transfers started by the balancer, by shard."),
         (

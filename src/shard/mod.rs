@@ -6,6 +6,7 @@
 //!   configuration, one shard's handle (proposals, linearizable reads), and what peers may call.
 //! - this file: [`Shards`], the registry of a node's groups as the cluster map places them.
 
+mod append_stream;
 mod backoff;
 mod calls;
 mod config;

@@ -14,15 +14,19 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::Stream;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
-use openraft::network::{RPCOption, RPCTypes, RaftNetworkFactory};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{stream_append_sequential, Backoff, RPCOption, RPCTypes, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest, TransferLeaderResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use openraft::OptionalSend;
 use openraft_multi::{GroupNetworkAdapter, GroupNetworkFactory, GroupRouter};
 
+use super::append_stream;
 use super::types::{Node, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::cluster::transport::{Transport, TransportError};
 use crate::ids::{NodeId, ShardId};
@@ -196,8 +200,81 @@ impl GroupRouter<TypeConfig, ShardId> for ShardRouter {
 /// One shard group's network factory: the shared router bound to the shard id.
 pub type NetworkFactory = GroupNetworkFactory<ShardRouter, ShardId>;
 
-/// The connection of one group to one peer.
-pub type Network = GroupNetworkAdapter<TypeConfig, ShardId, ShardRouter>;
+/// The connection of one group to one peer: openraft-multi's adapter, whose replication stream lets
+/// entry-less appends ride with the entries that follow (see [`append_stream`](super::append_stream)).
+pub struct Network {
+    inner: GroupNetworkAdapter<TypeConfig, ShardId, ShardRouter>,
+    /// Heartbeats go as they come: each one is the point.
+    heartbeats: bool,
+}
+
+impl RaftNetworkV2<TypeConfig> for Network {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.append_entries(rpc, option).await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>, RPCError<TypeConfig>>,
+    >
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
+    {
+        if self.heartbeats {
+            stream_append_sequential(&mut self.inner, input, option)
+        } else {
+            append_stream::stream_append(&mut self.inner, input, option)
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.vote(rpc, option).await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.pre_vote(rpc, option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        self.inner.full_snapshot(vote, snapshot, cancel, option).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.transfer_leader(req, option).await
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
+        self.inner.backoff()
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
@@ -219,7 +296,7 @@ fn client(factory: &NetworkFactory, target: NodeId, node: &Node, heartbeats: boo
         t.peers().learn(target, &node.addr);
     }
     let router = ShardRouter { heartbeats, ..factory.factory.clone() };
-    GroupNetworkAdapter::new(router, target, factory.group_id)
+    Network { inner: GroupNetworkAdapter::new(router, target, factory.group_id), heartbeats }
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@
 //! follower, an fsync on every replica, the wake-ups between them) is paid once for every write of an
 //! entry, so the fewer entries out at once, the more writes each carries: with one (the default) the
 //! closed loop's entries carry about 1.8 times the writes they do with two, for about 4 % less CPU per
-//! update. A batch that waits for an earlier entry's apply lets that entry's commit travel in an
-//! append of its own. Light load sees a lower tail, and the log holds fewer entries.
+//! update. A batch waits for the earlier entry's apply, after that entry's commit was decided; the
+//! commit reaches the followers with the batch's append (see `append_stream`). Light load sees a lower tail, and the log holds fewer entries.
 //!
 //! Order: the queue is one channel, taken in order, and each entry is handed to openraft before the
 //! next is formed; writes of one twin (sent by its actor one after the other) apply in that order.
