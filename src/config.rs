@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// an acknowledgement. 0: every event leaves as soon as it is published [default: 10]
     #[arg(long)]
     pub events_batch_ms: Option<u64>,
+    /// CPU scheduling class of the node's threads: `batch` (Linux `SCHED_BATCH`: a woken thread does
+    /// not preempt the running one mid-task, fewer context switches under load) or `normal` (the
+    /// system's default, with wake-up preemption) [default: batch]
+    #[arg(long)]
+    pub cpu_scheduling: Option<String>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
     /// read in the process list)
     #[arg(long)]
@@ -184,6 +189,7 @@ pub struct FileConfig {
     pub raft_append_calls_per_peer: Option<usize>,
     pub proposals_in_flight: Option<usize>,
     pub events_batch_ms: Option<u64>,
+    pub cpu_scheduling: Option<String>,
     pub owner_key_file: Option<PathBuf>,
     pub cluster_secret_file: Option<PathBuf>,
     pub cluster_ca: Option<PathBuf>,
@@ -264,6 +270,8 @@ pub struct Config {
     pub proposals_in_flight: usize,
     /// How long the event broker's feed lets change events gather after each batch it hands on.
     pub events_batch: std::time::Duration,
+    /// Scheduling class of the node's threads (set before the runtime starts).
+    pub cpu_scheduling: crate::sched::CpuScheduling,
     /// Connection bounds and timeouts of every listener.
     pub net: crate::net::NetLimits,
     /// The largest keep-alive a device MQTT connection gets (also the one keep-alive 0 gets).
@@ -548,6 +556,15 @@ impl Config {
                 expected: "milliseconds (0..=100)",
             });
         }
+        let cpu_scheduling = match args.cpu_scheduling.or_else(|| env("TWINHUB_CPU_SCHEDULING")).or(file.cpu_scheduling)
+        {
+            None => crate::sched::CpuScheduling::default(),
+            Some(v) => v.parse().map_err(|()| ConfigError::Invalid {
+                option: "cpu-scheduling",
+                value: v,
+                expected: "batch or normal",
+            })?,
+        };
         Ok(Config {
             node_id,
             cluster,
@@ -557,6 +574,7 @@ impl Config {
             raft_append_calls_per_peer,
             proposals_in_flight,
             events_batch: std::time::Duration::from_millis(events_batch_ms),
+            cpu_scheduling,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),
             http_listen: addr("http-listen", http)?,
@@ -715,6 +733,28 @@ mod tests {
         assert_eq!(c.worker_threads, Some(2));
         let e = Config::resolve(ServeArgs { worker_threads: Some(0), ..Default::default() }, env_of(&[])).unwrap_err();
         assert!(e.to_string().contains("worker-threads"), "{e}");
+    }
+
+    /// The scheduling class: batch unless the flag, the variable or the file says otherwise; an
+    /// unknown class is refused by name.
+    #[test]
+    fn cpu_scheduling_comes_from_flag_variable_or_file() {
+        use crate::sched::CpuScheduling;
+        let class =
+            |args: ServeArgs, env: &[(&str, &str)]| Config::resolve(args, env_of(env)).map(|c| c.cpu_scheduling);
+        assert_eq!(class(ServeArgs::default(), &[]).unwrap(), CpuScheduling::Batch);
+        assert_eq!(
+            class(ServeArgs::default(), &[("TWINHUB_CPU_SCHEDULING", "normal")]).unwrap(),
+            CpuScheduling::Normal
+        );
+        let args = ServeArgs { cpu_scheduling: Some("batch".into()), ..Default::default() };
+        assert_eq!(class(args, &[("TWINHUB_CPU_SCHEDULING", "normal")]).unwrap(), CpuScheduling::Batch);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("t.toml");
+        std::fs::write(&file, "cpu_scheduling = \"normal\"\n").unwrap();
+        assert_eq!(class(ServeArgs { config: Some(file), ..Default::default() }, &[]).unwrap(), CpuScheduling::Normal);
+        let e = class(ServeArgs { cpu_scheduling: Some("realtime".into()), ..Default::default() }, &[]).unwrap_err();
+        assert!(e.to_string().contains("cpu-scheduling") && e.to_string().contains("realtime"), "{e}");
     }
 
     /// The event broker's batching wait: the default unless the flag, the variable or the file says

@@ -24,6 +24,7 @@
 //! - [`mqtt`]: the device MQTT front door (`$iothub/twin/...`), one identity per connection.
 //! - [`http`]: the HTTPS service API (registry and twins, `GET /twin-changes`), IoT Hub's error bodies.
 //! - [`node`]: owns everything a process runs; start and graceful shutdown.
+//! - [`sched`]: the CPU scheduling class of the node's threads, set before its runtime starts.
 //! - [`query`], [`jobs`]: the IoT Hub query language, scattered to every shard; Jobs v2 on top of it.
 //! - [`cli`]: `twinhub serve`, `cluster`, the admin commands, and the configuration (flags, `TWINHUB_*`
 //!   variables, TOML); `chaos` and `bench` hand over to their programs.
@@ -44,6 +45,7 @@ pub mod mqtt;
 pub mod net;
 pub mod node;
 pub mod notify;
+pub mod sched;
 pub mod secrets;
 pub mod shard;
 pub mod storage;

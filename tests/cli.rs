@@ -532,3 +532,52 @@ fn chaos_and_bench_run_their_companion_programs() {
         "{err}"
     );
 }
+
+/// The scheduling policy (`/proc/<pid>/task/<tid>/stat`, field 41) of every thread of a process,
+/// with the thread's name.
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the node's threads") {
+        let Ok(stat) = std::fs::read_to_string(task.expect("task").path().join("stat")) else { continue };
+        let (head, rest) = stat.rsplit_once(')').expect("stat has the name in parentheses");
+        let name = head.split_once('(').map(|(_, n)| n.to_string()).unwrap_or_default();
+        // Fields after the name start at field 3, so field 41 is the 39th.
+        let policy = rest.split_whitespace().nth(38).and_then(|p| p.parse().ok()).expect("policy field");
+        out.push((name, policy));
+    }
+    out
+}
+
+/// Every thread of a node runs in the class it was started with: `SCHED_BATCH` (3) by default,
+/// including the threads the runtime, storage and event broker start later; with
+/// `--cpu-scheduling normal` the class the node was launched in, here the test's own.
+#[cfg(target_os = "linux")]
+#[test]
+fn node_threads_run_in_the_configured_scheduling_class() {
+    const SCHED_BATCH: u32 = 3;
+    let srv = Server::start_default();
+    let threads = thread_policies(srv.pid());
+    assert!(threads.len() > 4, "runtime, storage and broker threads: {threads:?}");
+    assert!(threads.iter().any(|(n, _)| n == "raft-group-comm"), "{threads:?}");
+    assert!(threads.iter().all(|&(_, p)| p == SCHED_BATCH), "every thread in SCHED_BATCH: {threads:?}");
+    drop(srv);
+
+    let own = thread_policies(std::process::id())[0].1;
+    let srv = Server::start(ServerOpts {
+        extra_args: vec!["--cpu-scheduling".into(), "normal".into()],
+        ..Default::default()
+    });
+    let threads = thread_policies(srv.pid());
+    assert!(threads.iter().all(|&(_, p)| p == own), "the launcher's class ({own}) kept: {threads:?}");
+    drop(srv);
+
+    // An unknown class is refused before anything starts, by name.
+    let out = Command::new(bin_path())
+        .args(["serve", "--cpu-scheduling", "fifo"])
+        .env("TWINHUB_DATA_DIR", tempfile::tempdir().unwrap().path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cpu-scheduling") && err.contains("fifo"), "{err}");
+}

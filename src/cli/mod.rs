@@ -117,6 +117,13 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the runtime starts, so that every thread of the node inherits the class.
+    if let Err(e) = config.cpu_scheduling.apply_to_current_thread() {
+        tracing::warn!(
+            "could not set the CPU scheduling class {}: {e}; the system's default stays",
+            config.cpu_scheduling.as_str()
+        );
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = config.worker_threads {
         builder.worker_threads(n);
