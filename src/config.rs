@@ -94,9 +94,9 @@ pub struct ServeArgs {
     /// an acknowledgement. 0: every event leaves as soon as it is published [default: 10]
     #[arg(long)]
     pub events_batch_ms: Option<u64>,
-    /// CPU scheduling class of the node's threads: `batch` (Linux `SCHED_BATCH`: a woken thread does
-    /// not preempt the running one mid-task, fewer context switches under load) or `normal` (the
-    /// system's default, with wake-up preemption) [default: batch]
+    /// CPU scheduling class of the node's threads: `normal` (the system's default, with wake-up
+    /// preemption) or `batch` (Linux `SCHED_BATCH`: a woken thread does not preempt the running one
+    /// mid-task; less CPU per update when saturated, a longer tail below saturation) [default: normal]
     #[arg(long)]
     pub cpu_scheduling: Option<String>,
     /// File holding the iothubowner primary key (instead of --owner-key, which other local users can
@@ -735,24 +735,21 @@ mod tests {
         assert!(e.to_string().contains("worker-threads"), "{e}");
     }
 
-    /// The scheduling class: batch unless the flag, the variable or the file says otherwise; an
+    /// The scheduling class: normal unless the flag, the variable or the file says otherwise; an
     /// unknown class is refused by name.
     #[test]
     fn cpu_scheduling_comes_from_flag_variable_or_file() {
         use crate::sched::CpuScheduling;
         let class =
             |args: ServeArgs, env: &[(&str, &str)]| Config::resolve(args, env_of(env)).map(|c| c.cpu_scheduling);
-        assert_eq!(class(ServeArgs::default(), &[]).unwrap(), CpuScheduling::Batch);
-        assert_eq!(
-            class(ServeArgs::default(), &[("TWINHUB_CPU_SCHEDULING", "normal")]).unwrap(),
-            CpuScheduling::Normal
-        );
-        let args = ServeArgs { cpu_scheduling: Some("batch".into()), ..Default::default() };
-        assert_eq!(class(args, &[("TWINHUB_CPU_SCHEDULING", "normal")]).unwrap(), CpuScheduling::Batch);
+        assert_eq!(class(ServeArgs::default(), &[]).unwrap(), CpuScheduling::Normal);
+        assert_eq!(class(ServeArgs::default(), &[("TWINHUB_CPU_SCHEDULING", "batch")]).unwrap(), CpuScheduling::Batch);
+        let args = ServeArgs { cpu_scheduling: Some("normal".into()), ..Default::default() };
+        assert_eq!(class(args, &[("TWINHUB_CPU_SCHEDULING", "batch")]).unwrap(), CpuScheduling::Normal);
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("t.toml");
-        std::fs::write(&file, "cpu_scheduling = \"normal\"\n").unwrap();
-        assert_eq!(class(ServeArgs { config: Some(file), ..Default::default() }, &[]).unwrap(), CpuScheduling::Normal);
+        std::fs::write(&file, "cpu_scheduling = \"batch\"\n").unwrap();
+        assert_eq!(class(ServeArgs { config: Some(file), ..Default::default() }, &[]).unwrap(), CpuScheduling::Batch);
         let e = class(ServeArgs { cpu_scheduling: Some("realtime".into()), ..Default::default() }, &[]).unwrap_err();
         assert!(e.to_string().contains("cpu-scheduling") && e.to_string().contains("realtime"), "{e}");
     }

@@ -9,12 +9,14 @@
 //!
 //! `SCHED_BATCH` is the same fair scheduler, with the same shares and nice values, minus that
 //! wake-up preemption: a woken thread waits until the running one blocks or its time slice ends.
-//! Nothing waits longer than a slice (a few milliseconds), and on an idle core a woken thread runs
-//! at once as before, so at half load the tail stayed where it was; under load the nodes were
-//! preempted about 85 % less often (730 instead of 5,000 times a second with three nodes on two
-//! cores) and spent 5–8 % less CPU per update, less in each of twelve interleaved pairs
-//! (benches/README.md). A node that shares its machine with latency-critical programs can be started
-//! with `--cpu-scheduling normal`.
+//! On an idle core a woken thread runs at once as before; on a busy one it waits for the scheduler's
+//! tick to end the running thread's slice. Measured with three nodes on two cores
+//! (benches/README.md): saturated, the nodes were preempted about 85 % less often (730 instead of
+//! 5,000 times a second) and spent 5–8 % less CPU per update, less in each of twelve interleaved
+//! pairs; below saturation every hop of a write may wait for a tick, and the p99 grew (at a quarter of
+//! the maximum rate 7–10 ms instead of 5.4; at half of it over 20 ms in two sweeps of four). So the
+//! default stays the system's class, and `--cpu-scheduling batch` is there for nodes that run
+//! saturated, where throughput per core matters more than the tail of a partly loaded node.
 //!
 //! The class is set on the main thread before the runtime starts; every thread the node starts later
 //! (runtime workers, the blocking pool, the group-commit writer, fjall's and the event broker's
@@ -26,9 +28,9 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CpuScheduling {
     /// `SCHED_BATCH` on Linux (elsewhere the system's default).
-    #[default]
     Batch,
     /// The system's default class, with wake-up preemption.
+    #[default]
     Normal,
 }
 
@@ -96,7 +98,7 @@ mod tests {
         assert_eq!(" Normal ".parse(), Ok(CpuScheduling::Normal));
         assert_eq!("fifo".parse::<CpuScheduling>(), Err(()));
         assert_eq!("".parse::<CpuScheduling>(), Err(()));
-        assert_eq!(CpuScheduling::default(), CpuScheduling::Batch);
+        assert_eq!(CpuScheduling::default(), CpuScheduling::Normal);
     }
 
     #[test]

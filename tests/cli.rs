@@ -548,14 +548,15 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
     out
 }
 
-/// Every thread of a node runs in the class it was started with: `SCHED_BATCH` (3) by default,
-/// including the threads the runtime, storage and event broker start later; with
-/// `--cpu-scheduling normal` the class the node was launched in, here the test's own.
+/// Every thread of a node runs in the class it was started with: with `--cpu-scheduling batch`
+/// `SCHED_BATCH` (3), including the threads the runtime, storage and event broker start later; by
+/// default the class the node was launched in, here the test's own.
 #[cfg(target_os = "linux")]
 #[test]
 fn node_threads_run_in_the_configured_scheduling_class() {
     const SCHED_BATCH: u32 = 3;
-    let srv = Server::start_default();
+    let srv =
+        Server::start(ServerOpts { extra_args: vec!["--cpu-scheduling".into(), "batch".into()], ..Default::default() });
     let threads = thread_policies(srv.pid());
     assert!(threads.len() > 4, "runtime, storage and broker threads: {threads:?}");
     assert!(threads.iter().any(|(n, _)| n == "raft-group-comm"), "{threads:?}");
@@ -563,10 +564,7 @@ fn node_threads_run_in_the_configured_scheduling_class() {
     drop(srv);
 
     let own = thread_policies(std::process::id())[0].1;
-    let srv = Server::start(ServerOpts {
-        extra_args: vec!["--cpu-scheduling".into(), "normal".into()],
-        ..Default::default()
-    });
+    let srv = Server::start_default();
     let threads = thread_policies(srv.pid());
     assert!(threads.iter().all(|&(_, p)| p == own), "the launcher's class ({own}) kept: {threads:?}");
     drop(srv);
