@@ -6,12 +6,15 @@ pub mod backup;
 pub mod cluster;
 mod companion;
 mod https;
+mod logging;
 pub mod remote;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+pub use logging::init_tracing;
 
 pub use crate::config::{Config, ConfigError, ServeArgs};
 pub use companion::companion_binary;
@@ -67,20 +70,6 @@ enum Command {
     Job(admin::job::JobCommand),
     /// Follow the change feed (twin changes, lifecycle, connection state) as JSON lines; resumable.
     Watch(admin::watch::WatchArgs),
-}
-
-/// Logs go to stderr through `tracing`, filtered by `RUST_LOG` (default: info, quieter dependencies).
-/// Every twinhub program (the server and its companions) starts with this.
-pub fn init_tracing() {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,fjall=warn,lsm_tree=warn")),
-        )
-        .init();
 }
 
 pub fn main() -> ExitCode {
