@@ -6,8 +6,8 @@
 //! the topic formatted through `Debug`), only to give its own log lines context. Being ERROR, they
 //! pass any level filter, so every change published to the broker's subscribers would cost two spans
 //! created, their fields formatted into strings, stored and dropped, in the router thread that sits
-//! between the change feed and every subscriber (measured in benches/README.md). rumqttd's events still pass the filter as before;
-//! they only lose that context.
+//! between the change feed and every subscriber (measured in benches/README.md). rumqttd's events
+//! still pass the filter as before; they only lose that context.
 
 use std::io::IsTerminal;
 
