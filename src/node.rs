@@ -204,7 +204,7 @@ impl Node {
             mqtt_ws: Some(crate::http::websocket::MqttOverWebSocket { mqtt: mqtt.clone(), stop: stop.clone() }),
             methods: Some(methods.clone()),
         });
-        let app = crate::http::router(state);
+        let app = crate::http::App::new(state);
         let plain_tls = without_alpn(&tls);
         let http = tokio::spawn(crate::http::serve(
             listener,

@@ -260,6 +260,80 @@ async fn uploads_without_credentials_are_refused_unread() {
     srv.owner().must_create_device("after-uploads").await;
 }
 
+/// The twin routes, served beside the router rather than through it, keep every bound the router puts
+/// on a request: a body over the limit is 413 and changes nothing, an authenticated body that stalls
+/// is answered 400 after the chunk timeout (10 s), and their metrics carry the route pattern, never
+/// the device id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twin_routes_keep_the_routers_bounds() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let owner = srv.owner();
+    owner.must_create_device("bounded-1").await;
+    owner.must_create_module("bounded-1", "m1").await;
+    let before = owner.must_get_twin("bounded-1").await;
+
+    let huge = format!(r#"{{"properties":{{"desired":{{"k":"{}"}}}}}}"#, "x".repeat(300 * 1024));
+    for path in ["/twins/bounded-1", "/twins/bounded-1/modules/m1"] {
+        for method in ["PATCH", "PUT"] {
+            let r = owner.send_raw(method, path, Some(huge.clone().into_bytes()), &[]).await;
+            assert_error(&r, 413, "RequestEntityTooLarge");
+        }
+    }
+    let after = owner.must_get_twin("bounded-1").await;
+    assert_eq!(after["$version"], before["$version"], "a refused body changed the twin: {after}");
+
+    // Percent-encoded segments are decoded as the router decodes path parameters.
+    owner.must_create_device("x#1?y").await;
+    let r = owner.must_ok("GET", "/twins/x%231%3Fy", None, &[]).await;
+    assert_eq!(r["deviceId"], "x#1?y");
+    // A trailing slash is not the twin route: the router's 404.
+    owner.must_err(404, "NotFound", "GET", "/twins/bounded-1/", None, &[]).await;
+
+    // An authenticated PATCH announcing 1,000 bytes and sending 10.
+    let ca = tls_connector(&srv.ca_pem);
+    let mut s = tls_from(&ca, lo(1), srv.port).await.expect("connect");
+    let auth = owner.auth_header().expect("owner token");
+    let head = format!(
+        "PATCH /twins/bounded-1?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nAuthorization: {auth}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"tags\": {{"
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") && t0.elapsed() < Duration::from_secs(30) {
+        match tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&got).to_string();
+    let took = t0.elapsed();
+    assert!(text.starts_with("HTTP/1.1 400"), "a stalled body got: {text:.300}");
+    assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(20), "answered after {took:?}");
+    let after = owner.must_get_twin("bounded-1").await;
+    assert_eq!(after["$version"], before["$version"], "a stalled body changed the twin: {after}");
+
+    owner.must(200, "PATCH", "/twins/bounded-1", Some(&json!({"tags": {"a": 1}})), &[]).await;
+    owner.must(200, "PATCH", "/twins/bounded-1/modules/m1", Some(&json!({"tags": {"a": 1}})), &[]).await;
+    let page = srv.http_client().get(format!("{}/metrics", srv.base_url)).send().await.expect("metrics");
+    let page = page.text().await.expect("metrics text");
+    for want in [
+        r#"method="PATCH",route="/twins/{id}",status="200""#,
+        r#"method="PATCH",route="/twins/{id}",status="413""#,
+        r#"method="PATCH",route="/twins/{id}",status="400""#,
+        r#"method="PUT",route="/twins/{id}/modules/{mid}",status="413""#,
+        r#"method="GET",route="/twins/{id}",status="200""#,
+    ] {
+        assert!(
+            page.lines().any(|l| l.starts_with("twinhub_http_requests_total") && l.contains(want)),
+            "no {want} in /metrics"
+        );
+    }
+    assert!(!page.contains("bounded-1"), "a device id became a label");
+    eprintln!("stalled twin body answered 400 after {took:?}");
+}
+
 /// Sends on `api`'s pooled, authenticated connection while the HTTPS port refuses every new one. The
 /// client puts a connection back into its pool a moment after the previous response ended; a request
 /// sent in that moment opens a new connection, which the flood gets refused. So a transport error is

@@ -4,11 +4,12 @@
 //! the matched path pattern (`unmatched` otherwise, so device ids never become labels), the method
 //! one of the standard ones or `other`, the status a number our handlers produce.
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::{Counter, Histogram};
@@ -274,21 +275,27 @@ fn method_label(m: &axum::http::Method) -> &'static str {
     }
 }
 
-/// A route's request counter (by method and status) and duration histogram (by method).
-static ROUTES: HandleCache<(String, &'static str, u16), (Counter, Histogram)> = HandleCache::new();
+/// A route's request counter (by method and status) and duration histogram (by method). The route is
+/// borrowed when it is a pattern known at compile time (the twin routes served without the router).
+static ROUTES: HandleCache<(Cow<'static, str>, &'static str, u16), (Counter, Histogram)> = HandleCache::new();
 
 pub async fn track(req: Request, next: Next) -> Response {
-    metrics_handle();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = method_label(req.method());
+    let route = match req.extensions().get::<MatchedPath>() {
+        Some(p) => Cow::Owned(p.as_str().to_string()),
+        None => Cow::Borrowed("unmatched"),
+    };
+    let method = req.method().clone();
     let start = Instant::now();
     let resp = next.run(req).await;
-    let (requests, duration) = ROUTES.get((route, method, resp.status().as_u16()), |(route, method, status)| {
-        let labels = [("method", method.to_string()), ("route", route.clone()), ("status", status.to_string())];
+    record(route, &method, resp.status(), start);
+    resp
+}
+
+/// Counts one answered request of `route` (a path pattern, never a path) and its duration since `start`.
+pub fn record(route: Cow<'static, str>, method: &axum::http::Method, status: StatusCode, start: Instant) {
+    metrics_handle();
+    let (requests, duration) = ROUTES.get((route, method_label(method), status.as_u16()), |(route, method, status)| {
+        let labels = [("method", method.to_string()), ("route", route.to_string()), ("status", status.to_string())];
         (
             metrics::counter!("twinhub_http_requests_total", &labels),
             metrics::histogram!("twinhub_http_request_duration_seconds", &labels[..2]),
@@ -296,7 +303,6 @@ pub async fn track(req: Request, next: Next) -> Response {
     });
     requests.increment(1);
     duration.record(start.elapsed().as_secs_f64());
-    resp
 }
 
 #[cfg(test)]

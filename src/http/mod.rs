@@ -11,6 +11,7 @@ mod certificates;
 mod changes;
 mod configurations;
 pub mod console;
+mod direct;
 pub mod error;
 mod headers;
 mod jobs;
@@ -33,6 +34,7 @@ use crate::auth::{Permission, Policies};
 use crate::model::JsonText;
 use crate::twin::Twins;
 
+pub use direct::App;
 pub use error::ApiError;
 pub use metrics::{metrics_handle, render_metrics};
 pub use serve::serve;
@@ -186,21 +188,29 @@ async fn auth_first(
     if OPEN_PATHS.contains(&req.uri().path()) || console::is_console_path(req.uri().path()) {
         return next.run(req).await;
     }
-    let header = req.headers().get(header::AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
-    let now = crate::model::now_ms() / 1000;
-    match state.policies.verify_credential(header, &state.host, now) {
-        Ok(_) => {
-            if let Some(c) = &conn {
-                c.authenticated();
-            }
-            next.run(req).await
-        }
-        Err(e) => {
-            let mut resp = ApiError::from(e).into_response();
-            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            resp
-        }
+    match admit(&state, conn.as_deref(), req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => refused(e),
     }
+}
+
+/// The credential check of [`auth_first`], shared with the twin routes served without the router:
+/// `Ok` marks the connection authenticated; an error is answered with [`refused`], before any body is read.
+fn admit(state: &AppState, conn: Option<&serve::ConnState>, headers: &HeaderMap) -> Result<(), ApiError> {
+    let header = headers.get(header::AUTHORIZATION).map(|v| v.to_str().unwrap_or(""));
+    let now = crate::model::now_ms() / 1000;
+    state.policies.verify_credential(header, &state.host, now)?;
+    if let Some(c) = conn {
+        c.authenticated();
+    }
+    Ok(())
+}
+
+/// The answer to a request [`admit`] refused: its error, and the connection closed after it.
+fn refused(e: ApiError) -> Response {
+    let mut resp = e.into_response();
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 pub fn router(state: Shared) -> Router {

@@ -18,16 +18,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use super::direct::App;
 use crate::net::{ConnGate, ConnPermit, NetLimits};
 
 /// How long shutdown waits for in-flight requests.
@@ -175,7 +174,7 @@ fn builder() -> auto::Builder<TokioExecutor> {
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
-    app: Router,
+    app: App,
     gate: Arc<ConnGate>,
     limits: NetLimits,
     shutdown: impl Future<Output = ()>,
@@ -203,7 +202,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let state = ConnState::new(permit, peer);
-        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(state.clone())));
+        let service = app.for_connection(state.clone());
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let limits = limits.clone();

@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
+use super::body::Unread;
 use super::headers::Headers;
 use super::registry::{if_match, propose};
 use super::{body, ok_json, ApiError, Shared};
@@ -20,18 +21,18 @@ fn resource(id: &TwinId) -> String {
     }
 }
 
-async fn get(st: Shared, id: TwinId, headers: HeaderMap) -> Result<Response, ApiError> {
+pub(super) async fn get(st: Shared, id: TwinId, headers: HeaderMap) -> Result<Response, ApiError> {
     st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
     let twin = st.twins()?.doc(&id.device_id, crate::twin::read::ReadOp::Twin(id.clone())).await??;
     Ok(ok_json(&twin))
 }
 
 /// PATCH (`replace == false`) or PUT of a twin: validated before proposing.
-async fn write(
+pub(super) async fn write(
     st: Shared,
     id: TwinId,
     headers: HeaderMap,
-    raw: Result<Bytes, BytesRejection>,
+    raw: Result<Bytes, Unread>,
     replace: bool,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, &resource(&id), Permission::ServiceConnect)?;
@@ -74,7 +75,7 @@ pub async fn update_twin(
     Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    write(st, TwinId::device(id), headers, raw, false).await
+    write(st, TwinId::device(id), headers, raw.map_err(Unread::from), false).await
 }
 
 pub async fn replace_twin(
@@ -83,7 +84,7 @@ pub async fn replace_twin(
     Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    write(st, TwinId::device(id), headers, raw, true).await
+    write(st, TwinId::device(id), headers, raw.map_err(Unread::from), true).await
 }
 
 pub async fn update_module_twin(
@@ -92,7 +93,7 @@ pub async fn update_module_twin(
     Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    write(st, TwinId::module(id, mid), headers, raw, false).await
+    write(st, TwinId::module(id, mid), headers, raw.map_err(Unread::from), false).await
 }
 
 pub async fn replace_module_twin(
@@ -101,5 +102,5 @@ pub async fn replace_module_twin(
     Headers(headers): Headers,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    write(st, TwinId::module(id, mid), headers, raw, true).await
+    write(st, TwinId::module(id, mid), headers, raw.map_err(Unread::from), true).await
 }
