@@ -330,11 +330,12 @@ fn sections(c: &mut Criterion) {
 /// merged and packed again (how every replica merged before), against written straight from the
 /// packed bytes (what apply does now). Both give the same bytes (a unit test checks).
 fn merge(c: &mut Criterion) {
+    use twinhub::model::json_tree::Members;
     use twinhub::model::Packed;
     let section = |v: Value| v["properties"]["desired"].as_object().cloned().unwrap_or_default();
     let mut packed = Packed::empty_section();
     for round in 0..50 {
-        packed = packed.merged(&section(patch(10, round)), T0 + round as i64, round as i64 + 2);
+        packed = packed.merged(&Members::of(&section(patch(10, round))), T0 + round as i64, round as i64 + 2);
     }
     let mut g = c.benchmark_group("merge_section");
     for keys in [1usize, 10, 100] {
@@ -346,7 +347,10 @@ fn merge(c: &mut Criterion) {
                 Packed::pack(&tree)
             })
         });
-        g.bench_function(format!("{keys}_leaves_in_place"), |b| b.iter(|| black_box(&packed).merged(&p, T0 + 99, 101)));
+        let members = Members::of(&p);
+        g.bench_function(format!("{keys}_leaves_in_place"), |b| {
+            b.iter(|| black_box(&packed).merged(&members, T0 + 99, 101))
+        });
     }
     g.finish();
 }

@@ -3,6 +3,8 @@
 
 use serde_json::{Map, Value};
 use std::borrow::Cow;
+
+use super::json_tree::{Json, Members};
 use std::sync::Arc;
 
 use super::change::{SectionChange, UpdateBody};
@@ -14,7 +16,7 @@ use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
 use super::validate::{
-    check_size, parse_json, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
+    check_size, parse_tree, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
     MAX_REPORTED_SIZE, MAX_TAGS_SIZE,
 };
 use super::{Event, JsonText, Reply, ShardState, MAX_MODULES_PER_DEVICE};
@@ -35,13 +37,13 @@ fn check_if_match(if_match: Option<&IfMatch>, current: u64, what: std::fmt::Argu
 }
 
 /// A patch that removes every member of a section: what `"tags": null` / `"desired": null` means.
-pub(super) fn clear_patch(section: NodeRef<'_>) -> Map<String, Value> {
-    section.members().map(|(k, _)| (k.to_string(), Value::Null)).collect()
+pub(super) fn clear_patch(section: NodeRef<'_>) -> Members<'static> {
+    Members::from_entries(section.members().map(|(k, _)| (Cow::Owned(k.to_string()), Json::Null)).collect())
 }
 
 /// The members a section write sets: the body's own (borrowed: a replica nobody listens to never
 /// copies them), or every current key removed for a `null` section.
-fn effective_patch<'a>(section: Section<'a>, current: NodeRef<'_>) -> Option<Cow<'a, Map<String, Value>>> {
+fn effective_patch<'a>(section: Section<'a>, current: NodeRef<'_>) -> Option<Cow<'a, Members<'a>>> {
     match section {
         Section::Absent => None,
         Section::Null => Some(Cow::Owned(clear_patch(current))),
@@ -467,7 +469,7 @@ impl ShardState {
         at: i64,
         events: &mut Vec<Event>,
     ) -> Result<(), TwinError> {
-        let body = parse_json(json)?;
+        let body = parse_tree(json)?;
         self.patch_twin_sections(id, service_body(&body)?, if_match, at, events)
     }
 
@@ -539,7 +541,7 @@ impl ShardState {
         if let Some(p) = desired_patch {
             events.push(Event::DesiredPatch {
                 id: id.clone(),
-                patch: with_version(p.into_owned(), desired_version),
+                patch: with_version(p.to_map(), desired_version),
                 desired_version,
             });
         }
@@ -554,13 +556,13 @@ impl ShardState {
         at: i64,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        let body = parse_json(json)?;
+        let body = parse_tree(json)?;
         let sb = service_body(&body)?;
         let cur = self.twin_doc(id)?;
         check_if_match(if_match, cur.etag, format_args!("twin {id}"))?;
         let empty = Map::new();
         let section_map = |s: Section<'_>| match s {
-            Section::Object(m) => m.clone(),
+            Section::Object(m) => m.to_map(),
             Section::Absent | Section::Null => empty.clone(),
         };
         let (tags_map, desired_map) = (section_map(sb.tags), section_map(sb.desired));
@@ -594,7 +596,7 @@ impl ShardState {
     }
 
     fn update_reported(&mut self, id: &TwinId, json: &str, at: i64, events: &mut Vec<Event>) -> Outcome {
-        let body = parse_json(json)?;
+        let body = parse_tree(json)?;
         let patch = reported_body(&body)?;
         let cur = self.twin_doc(id)?;
         let version = cur.version + 1;

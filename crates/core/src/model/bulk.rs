@@ -6,8 +6,8 @@
 //! Every entry stands alone: it succeeds or fails as a whole (validated before anything of it is
 //! written, like the single-identity operations it reuses), and a failed entry does not stop the others.
 
+use super::json_tree::{self, Json, Members};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
 
 use super::apply::clear_patch;
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec};
@@ -173,7 +173,11 @@ impl ShardState {
     /// current key removed (`null`) and the given members set. `current` names the twin whose sections
     /// are overwritten (`None`: a twin about to be created, which has none). The sections were checked
     /// by the front door before the entry was proposed, so they are only parsed here.
-    fn sections_patch(&self, current: Option<&TwinId>, e: &BulkEntry) -> Result<Option<SectionsPatch>, TwinError> {
+    fn sections_patch<'e>(
+        &self,
+        current: Option<&TwinId>,
+        e: &'e BulkEntry,
+    ) -> Result<Option<SectionsPatch<'e>>, TwinError> {
         if e.tags_json.is_none() && e.desired_json.is_none() {
             return Ok(None);
         }
@@ -186,19 +190,21 @@ impl ShardState {
             },
             None => None,
         };
-        let section = |json: &Option<String>,
-                       cur: Option<super::packed::NodeRef<'_>>|
-         -> Result<Option<Map<String, Value>>, TwinError> {
+        fn section<'e>(
+            json: &'e Option<String>,
+            cur: Option<super::packed::NodeRef<'_>>,
+        ) -> Result<Option<Members<'e>>, TwinError> {
             let Some(text) = json else { return Ok(None) };
-            let given: Value = serde_json::from_str(text)
+            let given = json_tree::parse(text)
                 .map_err(|err| TwinError::InvalidArgument(format!("malformed twin section: {err}")))?;
-            let Value::Object(given) = given else {
+            let Json::Object(given) = given else {
                 return Err(TwinError::InvalidArgument("tags and properties.desired must be JSON objects".into()));
             };
-            let mut patch: Map<String, Value> = cur.map(clear_patch).unwrap_or_default();
-            patch.extend(given);
-            Ok(Some(patch))
-        };
+            // Every current key removed, then the given members (a key in both keeps its place).
+            let mut entries: Vec<_> = cur.map(clear_patch).map(Members::into_entries).unwrap_or_default();
+            entries.extend(given.into_entries());
+            Ok(Some(Members::from_entries(entries)))
+        }
         Ok(Some(SectionsPatch {
             tags: section(&e.tags_json, twin.map(|t| t.tags.root()))?,
             desired: section(&e.desired_json, twin.map(|t| t.desired.root()))?,
@@ -207,14 +213,14 @@ impl ShardState {
 }
 
 /// The sections a bulk entry writes, as patches of the twin's current ones.
-struct SectionsPatch {
-    tags: Option<Map<String, Value>>,
-    desired: Option<Map<String, Value>>,
+struct SectionsPatch<'e> {
+    tags: Option<Members<'e>>,
+    desired: Option<Members<'e>>,
 }
 
-impl SectionsPatch {
+impl<'e> SectionsPatch<'e> {
     fn body(&self) -> ServiceBody<'_> {
-        fn section(m: &Option<Map<String, Value>>) -> Section<'_> {
+        fn section<'a>(m: &'a Option<Members<'a>>) -> Section<'a> {
             m.as_ref().map_or(Section::Absent, Section::Object)
         }
         ServiceBody { tags: section(&self.tags), desired: section(&self.desired) }

@@ -6,8 +6,8 @@
 //! the patch, a map per `$metadata` level, a serialization per consumer and as many frees.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
-use serde_json::{Map, Value};
 
+use super::json_tree::Members;
 use super::packed::NodeRef;
 
 /// What an `updateTwin` changed, borrowed from the command and the twin after it.
@@ -15,7 +15,7 @@ pub(super) struct UpdateBody<'a> {
     /// The twin's `$version` after the change.
     pub version: i64,
     /// The tags patch, if the command patched tags.
-    pub tags: Option<&'a Map<String, Value>>,
+    pub tags: Option<&'a Members<'a>>,
     /// The desired or reported patch, if the command patched one.
     pub properties: Option<SectionChange<'a>>,
 }
@@ -25,7 +25,7 @@ pub(super) struct UpdateBody<'a> {
 pub(super) struct SectionChange<'a> {
     /// `"desired"` or `"reported"`.
     pub name: &'static str,
-    pub patch: &'a Map<String, Value>,
+    pub patch: &'a Members<'a>,
     /// The section after the merge.
     pub node: NodeRef<'a>,
     pub version: i64,
@@ -61,7 +61,7 @@ impl Serialize for SectionChange<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(None)?;
         // Patch keys never start with `$` (validation refuses it): no collision with the two below.
-        for (k, v) in self.patch {
+        for (k, v) in self.patch.iter() {
             map.serialize_entry(k, v)?;
         }
         map.serialize_entry("$metadata", &self.node.patch_metadata(self.patch, self.with_version))?;

@@ -211,7 +211,7 @@ mod tests {
     fn node_size_equals_value_size() {
         let v = json!({"a": {"b": [1, "x", null], "c": false}, "é": "ü\u{1}", "n": -12.5});
         let s = Node::section_from_map(&obj(v.clone()), 1, 1);
-        assert_eq!(packed(&s).root().size(), super::super::validate::doc_size(&v));
+        assert_eq!(packed(&s).root().size(), super::super::validate::doc_size(&crate::model::json_tree::Json::of(&v)));
     }
 
     #[test]

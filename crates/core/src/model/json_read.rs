@@ -143,7 +143,7 @@ impl<'de> Visitor<'de> for Skip<'_> {
 /// An object's key, borrowed from the text unless it has escapes (serde's own `Cow<str>` always
 /// copies).
 #[derive(PartialEq)]
-pub(super) struct Key<'de>(Cow<'de, str>);
+pub(super) struct Key<'de>(pub(super) Cow<'de, str>);
 
 impl std::ops::Deref for Key<'_> {
     type Target = str;

@@ -19,6 +19,7 @@ mod etag;
 pub mod jobs;
 mod json_read;
 mod json_text;
+pub mod json_tree;
 pub mod method;
 mod packed;
 mod registry;
@@ -511,7 +512,7 @@ impl ShardState {
 /// Validates a service twin PATCH body (`tags` and/or `properties.desired`) before proposing: limits,
 /// key rules, allowed top-level members. The error names the offending path and the limit.
 pub fn validate_twin_patch(body: &Value) -> Result<(), TwinError> {
-    validate::service_body(body).map(|_| ())
+    validate::service_body(&json_tree::Json::of(body)).map(|_| ())
 }
 
 /// Validates the sections a bulk registry entry writes (`tags`, `properties.desired`), given as their
@@ -537,12 +538,12 @@ pub fn validate_twin_body_text(text: &str) -> Result<(), TwinError> {
 
 /// Validates a service twin PUT body (replace tags and desired).
 pub fn validate_twin_replace(body: &Value) -> Result<(), TwinError> {
-    validate::service_body(body).map(|_| ())
+    validate::service_body(&json_tree::Json::of(body)).map(|_| ())
 }
 
 /// Validates a device reported patch.
 pub fn validate_reported_patch(body: &Value) -> Result<(), TwinError> {
-    validate::reported_body(body).map(|_| ())
+    validate::reported_body(&json_tree::Json::of(body)).map(|_| ())
 }
 
 /// Validates a device or module id (≤128 ASCII alnum plus `- : . + % _ # * ? ! ( ) , = @ ; $ '`).

@@ -23,6 +23,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
 use super::doc::{Node, NodeValue};
+use super::json_tree::{self, Json};
 use super::time::{Timestamp, NEVER};
 
 const OBJECT: u8 = 0;
@@ -83,7 +84,7 @@ impl Packed {
     /// unpacking, merging and packing again would give. Members the patch does not name are copied
     /// as they are (only their stamp is written out where their parent's changed), so a write to one
     /// leaf of a twin builds no tree of the rest of it: on every replica, for every twin write.
-    pub fn merged(&self, patch: &Map<String, Value>, at: i64, version: i64) -> Packed {
+    pub fn merged(&self, patch: &json_tree::Members<'_>, at: i64, version: i64) -> Packed {
         crate::scratch::with_buffer(|out| {
             write_merged(out, self.root(), patch, (at, version), None);
             Packed(Box::from(out.as_slice()))
@@ -171,7 +172,7 @@ fn write_node(out: &mut Vec<u8>, node: &Node, parent: Option<(i64, i64)>) {
 fn write_merged(
     out: &mut Vec<u8>,
     old: NodeRef<'_>,
-    patch: &Map<String, Value>,
+    patch: &json_tree::Members<'_>,
     stamp: (i64, i64),
     parent: Option<(i64, i64)>,
 ) {
@@ -201,8 +202,8 @@ fn write_merged(
         let key = std::str::from_utf8(key).unwrap_or_default();
         match found.map(|(_, v)| v) {
             None => write_member(out, key, |out| copy_node(out, child, stamp)),
-            Some(Value::Null) => {}
-            Some(Value::Object(p)) if child.is_object() => {
+            Some(Json::Null) => {}
+            Some(Json::Object(p)) if child.is_object() => {
                 write_member(out, key, |out| write_merged(out, child, p, stamp, Some(stamp)))
             }
             Some(v) => write_member(out, key, |out| write_value(out, v, stamp, stamp)),
@@ -247,29 +248,32 @@ fn copy_node(out: &mut Vec<u8>, node: NodeRef<'_>, parent: (i64, i64)) {
 }
 
 /// A patch value as a new node stamped `stamp` ([`Node::from_value`]); the caller skips `null`.
-fn write_value(out: &mut Vec<u8>, v: &Value, stamp: (i64, i64), parent: (i64, i64)) {
+fn write_value(out: &mut Vec<u8>, v: &Json<'_>, stamp: (i64, i64), parent: (i64, i64)) {
     match v {
-        Value::Object(m) => {
+        Json::Object(m) => {
             write_head(out, OBJECT, stamp, Some(parent));
             for (key, v) in m.iter().filter(|(_, v)| !v.is_null()) {
                 write_member(out, key, |out| write_value(out, v, stamp, stamp));
             }
         }
-        Value::Bool(b) => write_head(out, if *b { TRUE } else { FALSE }, stamp, Some(parent)),
-        Value::Number(n) => {
+        Json::Bool(b) => write_head(out, if *b { TRUE } else { FALSE }, stamp, Some(parent)),
+        Json::U64(_) | Json::I64(_) | Json::Number(_) => {
             write_head(out, NUMBER, stamp, Some(parent));
-            out.extend_from_slice(n.to_string().as_bytes());
+            if let Some(text) = v.number_text() {
+                out.extend_from_slice(text.as_bytes());
+            }
         }
-        Value::String(s) => {
+        Json::String(s) => {
             write_head(out, STRING, stamp, Some(parent));
             out.extend_from_slice(s.as_bytes());
         }
-        Value::Array(_) => {
+        Json::Array(_) => {
             write_head(out, ARRAY, stamp, Some(parent));
-            out.extend_from_slice(v.to_string().as_bytes());
+            // Cannot fail: a tree of JSON values with string keys always serializes.
+            let _ = serde_json::to_writer(&mut *out, v);
         }
         // Never written: a `null` member means "absent" (the callers skip it).
-        Value::Null => {}
+        Json::Null => {}
     }
 }
 
@@ -444,7 +448,7 @@ impl<'a> NodeRef<'a> {
 
     /// `$metadata` restricted to what `patch` touched (twin change events carry only that), as a
     /// view that serializes it.
-    pub fn patch_metadata<'p>(&self, patch: &'p Map<String, Value>, with_version: bool) -> PatchMetadata<'a, 'p> {
+    pub fn patch_metadata<'p>(&self, patch: &'p json_tree::Members<'p>, with_version: bool) -> PatchMetadata<'a, 'p> {
         PatchMetadata { node: *self, patch, with_version }
     }
 
@@ -468,7 +472,7 @@ impl<'a> NodeRef<'a> {
             ValueRef::Bool(false) => 5,
             ValueRef::Number(n) => n.chars().count(),
             ValueRef::String(s) => super::validate::text_size(s),
-            ValueRef::Array(a) => serde_json::from_str(a).map_or(0, |v| super::validate::doc_size(&v)),
+            ValueRef::Array(a) => json_tree::parse(a).map_or(0, |v| super::validate::doc_size(&v)),
         }
     }
 }
@@ -565,7 +569,7 @@ impl Serialize for Metadata<'_> {
 /// `$` (validation refuses it), so they cannot collide with the stamp's members.
 pub struct PatchMetadata<'a, 'p> {
     node: NodeRef<'a>,
-    patch: &'p Map<String, Value>,
+    patch: &'p json_tree::Members<'p>,
     with_version: bool,
 }
 
@@ -574,10 +578,10 @@ impl Serialize for PatchMetadata<'_, '_> {
         let mut map = s.serialize_map(None)?;
         Stamp { node: self.node, with_version: self.with_version }.entries(&mut map)?;
         let children = Children::of(self.node, self.patch.len());
-        for (k, pv) in self.patch {
+        for (k, pv) in self.patch.iter() {
             let Some(n) = children.get(k) else { continue };
             match pv {
-                Value::Object(pm) if n.is_object() => {
+                Json::Object(pm) if n.is_object() => {
                     map.serialize_entry(k, &n.patch_metadata(pm, self.with_version))?
                 }
                 _ => map.serialize_entry(k, &Metadata { node: n, with_version: self.with_version })?,
@@ -848,7 +852,7 @@ mod tests {
         assert_eq!(z.find_member("b").map(|b| b.updated), Some(1_700_000_000_123));
         assert_eq!(z.find_member("n").map(|b| b.value()), Some(ValueRef::Number("-1500.0")));
         assert_eq!(root.members().map(|(k, _)| k).collect::<Vec<_>>(), ["z", "é", "t", "e"]);
-        assert_eq!(root.size(), super::super::validate::doc_size(&n_value(&n)));
+        assert_eq!(root.size(), super::super::validate::doc_size(&Json::of(&n_value(&n))));
     }
 
     fn n_value(n: &Node) -> Value {
@@ -916,7 +920,7 @@ mod tests {
                 let mut tree = p.unpack();
                 tree.merge(&patch, at, version);
                 let want = Packed::pack(&tree);
-                let got = p.merged(&patch, at, version);
+                let got = p.merged(&json_tree::Members::of(&patch), at, version);
                 assert_eq!(got.as_bytes(), want.as_bytes(), "case {case}: {:?} merged with {patch:?}", p.unpack());
                 assert_eq!(Packed::from_bytes(got.as_bytes().to_vec()).as_ref(), Ok(&got));
                 p = got;
@@ -950,7 +954,11 @@ mod tests {
         for case in 0..3_000 {
             let mut p = Packed::empty_section();
             for _ in 0..rng.below(4) + 1 {
-                p = p.merged(&rng.patch(), [NEVER, 0, 1_700_000_000_123][rng.below(3) as usize], rng.below(3) as i64);
+                p = p.merged(
+                    &json_tree::Members::of(&rng.patch()),
+                    [NEVER, 0, 1_700_000_000_123][rng.below(3) as usize],
+                    rng.below(3) as i64,
+                );
                 assert_same(&p, &format!("case {case}"));
             }
         }
@@ -969,13 +977,15 @@ mod tests {
     fn patch_metadata_of_many_members_equals_their_metadata_one_by_one() {
         let mut rng = Rng(0x853c_49e6_748f_ea9b);
         for case in 0..500 {
-            let base = Packed::empty_section().merged(&rng.wide_patch(20), 1_000, 1);
+            let base = Packed::empty_section().merged(&json_tree::Members::of(&rng.wide_patch(20)), 1_000, 1);
             let members = 9 + rng.below(12);
             let patch = rng.wide_patch(members);
-            let merged = base.merged(&patch, 2_000, 2);
+            let merged = base.merged(&json_tree::Members::of(&patch), 2_000, 2);
             let root = merged.root();
             let with_version = rng.below(2) == 1;
-            let text = |p: &Map<String, Value>| serde_json::to_value(root.patch_metadata(p, with_version)).ok();
+            let text = |p: &Map<String, Value>| {
+                serde_json::to_value(root.patch_metadata(&json_tree::Members::of(p), with_version)).ok()
+            };
             let mut want = text(&Map::new()).and_then(|v| v.as_object().cloned()).unwrap_or_default();
             for (k, v) in &patch {
                 let one: Map<String, Value> = [(k.clone(), v.clone())].into_iter().collect();
@@ -1004,7 +1014,7 @@ mod tests {
         let patch = patch.as_object().cloned().unwrap_or_default();
         let mut tree = p.unpack();
         tree.merge(&patch, 9, 1);
-        assert_eq!(p.merged(&patch, 9, 1), Packed::pack(&tree));
+        assert_eq!(p.merged(&json_tree::Members::of(&patch), 9, 1), Packed::pack(&tree));
     }
 
     #[test]
@@ -1015,7 +1025,7 @@ mod tests {
             (0..90).map(|i| (format!("k{i}"), if i % 7 == 0 { Value::Null } else { json!({"v": i}) })).collect();
         let mut tree = p.unpack();
         tree.merge(&patch, 9, 2);
-        assert_eq!(p.merged(&patch, 9, 2), Packed::pack(&tree));
+        assert_eq!(p.merged(&json_tree::Members::of(&patch), 9, 2), Packed::pack(&tree));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 
+use super::json_tree::Json;
 use super::validate::{doc_size, MAX_DESIRED_SIZE, MAX_REPORTED_SIZE, MAX_TAGS_SIZE};
 use super::*;
 
@@ -111,7 +112,7 @@ fn object_of_size(size: usize) -> Value {
         i += 1;
     }
     let v = Value::Object(m);
-    assert_eq!(doc_size(&v), size);
+    assert_eq!(doc_size(&Json::of(&v)), size);
     v
 }
 
@@ -834,7 +835,7 @@ fn merged_size_is_checked_in_apply() {
     accept_patch(&mut f, json!({"tags": object_of_size(MAX_TAGS_SIZE - 6)}));
     // Each patch alone is small; merged, one fits exactly and the next is one over.
     accept_patch(&mut f, json!({"tags": {"b": 1}}));
-    assert_eq!(doc_size(&f.twin(&dev())["tags"]), MAX_TAGS_SIZE);
+    assert_eq!(doc_size(&Json::of(&f.twin(&dev())["tags"])), MAX_TAGS_SIZE);
     let version = f.twin(&dev())["version"].clone();
     let body = json!({"tags": {"b": 12}});
     assert_eq!(validate_twin_patch(&body), Ok(()));
@@ -854,7 +855,7 @@ fn merged_size_is_checked_in_apply() {
     let mut members = reported.as_object().cloned().unwrap_or_default();
     members.remove("$metadata");
     members.remove("$version");
-    let used = doc_size(&Value::Object(members));
+    let used = doc_size(&Json::of(&Value::Object(members)));
     let room = MAX_REPORTED_SIZE - used - 1; // minus the comma
                                              // `"zz":"…"` costs 7 + len.
     assert!(g.report(&dev(), json!({"zz": "y".repeat(room - 7)})).result.is_ok());

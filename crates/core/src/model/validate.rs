@@ -14,9 +14,8 @@
 //! - Arrays are accepted; their elements are checked like any value (strings, numbers, nested objects'
 //!   keys), and an array counts as a level of depth.
 
-use serde_json::{Map, Number, Value};
-
 use super::error::TwinError;
+use super::json_tree::{self, Json, Members};
 
 pub const MAX_KEY_BYTES: usize = 1024;
 pub const MAX_STRING_BYTES: usize = 4096;
@@ -59,7 +58,7 @@ pub enum Section<'a> {
     Absent,
     /// `"tags": null` / `"desired": null`: clear the whole section.
     Null,
-    Object(&'a Map<String, Value>),
+    Object(&'a Members<'a>),
 }
 
 /// The parts of a service twin body that write anything.
@@ -70,27 +69,37 @@ pub struct ServiceBody<'a> {
 }
 
 /// Parses the text of a command's JSON body.
-pub fn parse_json(text: &str) -> Result<Value, TwinError> {
-    serde_json::from_str(text).map_err(|e| TwinError::InvalidArgument(format!("malformed JSON body: {e}")))
+pub fn parse_json(text: &str) -> Result<serde_json::Value, TwinError> {
+    serde_json::from_str(text).map_err(malformed)
+}
+
+/// Parses the text of a command's JSON body into a tree that borrows from it (see `json_tree`): as
+/// [`parse_json`] reads it, with its errors.
+pub fn parse_tree(text: &str) -> Result<Json<'_>, TwinError> {
+    json_tree::parse(text).map_err(malformed)
+}
+
+fn malformed(e: serde_json::Error) -> TwinError {
+    TwinError::InvalidArgument(format!("malformed JSON body: {e}"))
 }
 
 /// Splits and fully validates a service PATCH or PUT body. The two differ only in
 /// what a missing or null section means, which the caller decides; the rules checked are the same.
 /// (`validate_text::check_service_text` checks the same rules on the text, in the same order.)
-pub fn service_body(body: &Value) -> Result<ServiceBody<'_>, TwinError> {
-    let Value::Object(top) = body else {
+pub fn service_body<'a>(body: &'a Json<'a>) -> Result<ServiceBody<'a>, TwinError> {
+    let Json::Object(top) = body else {
         return Err(BodyRule::NotAnObject.into());
     };
-    BodyRule::unknown_members(top.keys().map(String::as_str).filter(|k| !is_body_member(k)))?;
+    BodyRule::unknown_members(top.keys().filter(|k| !is_body_member(k)))?;
     let tags = section(top.get("tags"), "tags")?;
     let mut desired = Section::Absent;
     match top.get("properties") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(props)) => {
-            BodyRule::unknown_properties(props.keys().map(String::as_str).filter(|k| !is_properties_member(k)))?;
+        None | Some(Json::Null) => {}
+        Some(Json::Object(props)) => {
+            BodyRule::unknown_properties(props.keys().filter(|k| !is_properties_member(k)))?;
             match props.get("reported") {
-                None | Some(Value::Null) => {}
-                Some(Value::Object(r)) if r.is_empty() => {}
+                None | Some(Json::Null) => {}
+                Some(Json::Object(r)) if r.is_empty() => {}
                 Some(_) => return Err(BodyRule::ReportedByService.into()),
             }
             desired = section(props.get("desired"), "properties.desired")?;
@@ -154,19 +163,19 @@ impl From<BodyRule<'_>> for TwinError {
 }
 
 /// Validates a device's reported patch and returns its members.
-pub fn reported_body(body: &Value) -> Result<&Map<String, Value>, TwinError> {
-    let Value::Object(m) = body else {
+pub fn reported_body<'a>(body: &'a Json<'a>) -> Result<&'a Members<'a>, TwinError> {
+    let Json::Object(m) = body else {
         return Err(invalid("the reported properties patch must be a JSON object"));
     };
     check_section(Section::Object(m), "properties.reported", MAX_REPORTED_SIZE)?;
     Ok(m)
 }
 
-fn section<'a>(v: Option<&'a Value>, path: &str) -> Result<Section<'a>, TwinError> {
+fn section<'a>(v: Option<&'a Json<'a>>, path: &str) -> Result<Section<'a>, TwinError> {
     match v {
         None => Ok(Section::Absent),
-        Some(Value::Null) => Ok(Section::Null),
-        Some(Value::Object(m)) => Ok(Section::Object(m)),
+        Some(Json::Null) => Ok(Section::Null),
+        Some(Json::Object(m)) => Ok(Section::Object(m)),
         Some(_) => Err(BodyRule::SectionNotAnObject(path).into()),
     }
 }
@@ -216,8 +225,8 @@ impl std::fmt::Display for Path<'_> {
     }
 }
 
-fn check_members(m: &Map<String, Value>, path: Path<'_>, level: usize) -> Result<(), TwinError> {
-    for (k, v) in m {
+fn check_members(m: &Members<'_>, path: Path<'_>, level: usize) -> Result<(), TwinError> {
+    for (k, v) in m.iter() {
         check_key(path, k)?;
         check_value(v, Path::Member(&path, k), level + 1)?;
     }
@@ -241,19 +250,22 @@ pub(super) fn check_key(path: Path<'_>, key: &str) -> Result<(), TwinError> {
 }
 
 /// `level` is the level a container at `path` would have.
-fn check_value(v: &Value, path: Path<'_>, level: usize) -> Result<(), TwinError> {
+fn check_value(v: &Json<'_>, path: Path<'_>, level: usize) -> Result<(), TwinError> {
     match v {
-        Value::Null | Value::Bool(_) => Ok(()),
-        Value::Number(n) => check_number(n, path),
-        Value::String(s) if s.len() > MAX_STRING_BYTES => {
+        Json::Null | Json::Bool(_) => Ok(()),
+        // Numbers keep their JSON text (serde_json's `arbitrary_precision`), so it is read, not rendered.
+        Json::U64(_) | Json::I64(_) | Json::Number(_) => {
+            v.number_text().map_or(Ok(()), |t| check_number_text(&t, path))
+        }
+        Json::String(s) if s.len() > MAX_STRING_BYTES => {
             Err(invalid(&format!("string at {path} is {} bytes, over the limit of {MAX_STRING_BYTES} bytes", s.len())))
         }
-        Value::String(_) => Ok(()),
-        Value::Object(m) => {
+        Json::String(_) => Ok(()),
+        Json::Object(m) => {
             check_level(path, level)?;
             check_members(m, path, level)
         }
-        Value::Array(items) => {
+        Json::Array(items) => {
             check_level(path, level)?;
             items.iter().enumerate().try_for_each(|(i, item)| check_value(item, Path::Index(&path, i), level + 1))
         }
@@ -267,12 +279,7 @@ pub(super) fn check_level(path: Path<'_>, level: usize) -> Result<(), TwinError>
     Ok(())
 }
 
-fn check_number(n: &Number, path: Path<'_>) -> Result<(), TwinError> {
-    // Numbers keep their JSON text (serde_json's `arbitrary_precision`), so it is read, not rendered.
-    check_number_text(n.as_str(), path)
-}
-
-/// [`check_number`] of a number's JSON text.
+/// Checks a number's JSON text.
 pub(super) fn check_number_text(text: &str, path: Path<'_>) -> Result<(), TwinError> {
     if text.contains(['.', 'e', 'E']) {
         return match text.parse::<f64>() {
@@ -282,8 +289,12 @@ pub(super) fn check_number_text(text: &str, path: Path<'_>) -> Result<(), TwinEr
     }
     match text.parse::<i128>() {
         Ok(i) if (MIN_INTEGER..=MAX_INTEGER).contains(&i) => Ok(()),
-        _ => Err(invalid(&format!("integer at {path} is outside the allowed range [{MIN_INTEGER}, {MAX_INTEGER}]"))),
+        _ => Err(out_of_range(path)),
     }
+}
+
+fn out_of_range(path: Path<'_>) -> TwinError {
+    invalid(&format!("integer at {path} is outside the allowed range [{MIN_INTEGER}, {MAX_INTEGER}]"))
 }
 
 /// Characters of a string as it counts in a size: its characters plus two quotes, control characters
@@ -299,29 +310,29 @@ pub fn text_size(s: &str) -> usize {
 }
 
 /// Size of a JSON document as defined in the module doc (null members of objects count).
-pub fn doc_size(v: &Value) -> usize {
+pub fn doc_size(v: &Json<'_>) -> usize {
     match v {
-        Value::Null => 4,
-        Value::Bool(true) => 4,
-        Value::Bool(false) => 5,
-        Value::Number(n) => n.as_str().chars().count(),
-        Value::String(s) => text_size(s),
-        Value::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(doc_size).sum::<usize>(),
-        Value::Object(m) => {
+        Json::Null => 4,
+        Json::Bool(true) => 4,
+        Json::Bool(false) => 5,
+        Json::U64(_) | Json::I64(_) | Json::Number(_) => v.number_text().map_or(0, |t| t.chars().count()),
+        Json::String(s) => text_size(s),
+        Json::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(doc_size).sum::<usize>(),
+        Json::Object(m) => {
             2 + m.len().saturating_sub(1) + m.iter().map(|(k, v)| text_size(k) + 1 + doc_size(v)).sum::<usize>()
         }
     }
 }
 
 /// Size of an object patch without its removals (members whose value is `null`, at any level).
-pub fn map_size(m: &Map<String, Value>) -> usize {
+pub fn map_size(m: &Members<'_>) -> usize {
     let (mut kept, mut members) = (0usize, 0usize);
     for (k, v) in m.iter().filter(|(_, v)| !v.is_null()) {
         kept += 1;
         members += text_size(k)
             + 1
             + match v {
-                Value::Object(inner) => map_size(inner),
+                Json::Object(inner) => map_size(inner),
                 other => doc_size(other),
             };
     }

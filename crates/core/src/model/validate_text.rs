@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use super::error::TwinError;
 use super::json_read::{not_objects, read_text, Key, Read, Skip, TreeNeeded, NUMBER_TOKEN};
 use super::validate::{
-    check_key, check_level, check_number_text, check_size, is_body_member, is_properties_member, parse_json,
+    check_key, check_level, check_number_text, check_size, is_body_member, is_properties_member, parse_tree,
     service_body, text_size, BodyRule, Path, MAX_DESIRED_SIZE, MAX_STRING_BYTES, MAX_TAGS_SIZE,
 };
 
@@ -53,7 +53,7 @@ pub fn check_section_text(text: &str, path: &str, limit: usize) -> Result<(), Tw
 pub fn check_service_text(text: &str) -> Result<(), TwinError> {
     let top = match read_object::<2>(text, ["tags", "properties"], is_body_member)? {
         Read::Text(top) => top.ok_or(BodyRule::NotAnObject)?,
-        Read::Tree => return service_body(&parse_json(text)?).map(|_| ()),
+        Read::Tree => return service_body(&parse_tree(text)?).map(|_| ()),
     };
     BodyRule::unknown_members(top.unknown.iter().map(|k| &**k))?;
     let [tags, properties] = top.found;
@@ -64,7 +64,7 @@ pub fn check_service_text(text: &str) -> Result<(), TwinError> {
         Some(props) => {
             let props = match read_object::<2>(props, ["desired", "reported"], is_properties_member)? {
                 Read::Text(props) => props.ok_or(BodyRule::PropertiesNotAnObject)?,
-                Read::Tree => return service_body(&parse_json(text)?).map(|_| ()),
+                Read::Tree => return service_body(&parse_tree(text)?).map(|_| ()),
             };
             BodyRule::unknown_properties(props.unknown.iter().map(|k| &**k))?;
             let [found_desired, reported] = props.found;
@@ -305,7 +305,7 @@ mod tests {
     /// The tree's verdict on `v` as a tags section.
     fn tree(v: &Value) -> Result<(), TwinError> {
         let Value::Object(m) = v else { panic!("not an object") };
-        check_sections(Section::Object(m), Section::Absent)
+        check_sections(Section::Object(&crate::model::json_tree::Members::of(m)), Section::Absent)
     }
 
     fn text(v: &Value) -> Result<(), TwinError> {
@@ -353,7 +353,7 @@ mod tests {
 
     /// The parsed body's verdict, with a malformed body's message cut to what both readings say.
     fn body_tree(text: &str) -> Result<(), String> {
-        match super::super::validate::parse_json(text) {
+        match super::super::validate::parse_tree(text) {
             Ok(v) => super::super::validate::service_body(&v).map(|_| ()).map_err(|e| e.to_string()),
             Err(_) => Err("malformed JSON body".into()),
         }
@@ -545,6 +545,27 @@ mod tests {
         // The draw reaches both verdicts and the tree's reading, or the test would prove little.
         assert!(accepted > 2_000 && accepted < 18_000, "{accepted} accepted");
         assert!(tree_read > 200, "{tree_read} read as trees");
+    }
+
+    /// The same bodies read by apply's borrowing tree and by serde_json's `Value`: the same outcome,
+    /// the same tree, the same text rendered back.
+    #[test]
+    fn generated_bodies_read_alike_as_json_and_value() {
+        let mut rng = Rng(0x5eed_2026_1206);
+        let mut read = 0;
+        for _ in 0..20_000 {
+            let text = rng.body();
+            match (serde_json::from_str::<Value>(&text), crate::model::json_tree::parse(&text)) {
+                (Ok(v), Ok(j)) => {
+                    assert_eq!(j.to_value(), v, "{text}");
+                    assert_eq!(serde_json::to_string(&j).ok(), serde_json::to_string(&v).ok(), "{text}");
+                    read += 1;
+                }
+                (Err(_), Err(_)) => {}
+                (v, j) => panic!("{text}: Value read {v:?}, the borrowing tree {j:?}"),
+            }
+        }
+        assert!(read > 5_000, "{read} read");
     }
 
     #[test]
