@@ -247,16 +247,26 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
 /// A twin body as the HTTPS API and MQTT receive it: parsed as JSON and validated as a service
 /// PATCH, a service PUT and a device's reported patch. The text is also checked as the front door
 /// checks a service body and as a bulk entry's section is, straight from the text: those checks may
-/// never accept what the parsed check refuses.
+/// never accept what the parsed check refuses. Apply reads twin bodies into a tree that borrows from
+/// the text (`json_tree`): it must read every text as serde_json's `Value` does.
 pub fn twin_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let text_ok = crate::model::validate_twin_section_texts(Some(text), None).is_ok();
     let body_ok = crate::model::validate_twin_body_text(text).is_ok();
+    let borrowed = crate::model::json_tree::parse(text);
     let Ok(v) = crate::model::validate::parse_json(text) else {
         assert!(!text_ok, "the text check accepted what does not parse");
         assert!(!body_ok, "the body text check accepted what does not parse");
+        assert!(borrowed.is_err(), "the borrowing tree read what Value refuses: {borrowed:?}");
         return;
     };
+    match &borrowed {
+        Ok(j) => {
+            assert_eq!(j.to_value(), v, "the borrowing tree read another document");
+            assert_eq!(serde_json::to_string(j).ok(), serde_json::to_string(&v).ok(), "it renders other text");
+        }
+        Err(e) => panic!("the borrowing tree refused what Value reads: {e}"),
+    }
     if text_ok {
         let tree = crate::model::validate_twin_patch(&json!({ "tags": v }));
         assert!(tree.is_ok(), "the text check accepted tags the parsed check refuses: {tree:?}");
