@@ -3,8 +3,6 @@
 
 use serde_json::{Map, Value};
 use std::borrow::Cow;
-
-use super::json_tree::{Json, Members};
 use std::sync::Arc;
 
 use super::change::{SectionChange, UpdateBody};
@@ -12,6 +10,7 @@ use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec, Op};
 use super::doc::{replace_diff, Node};
 use super::error::TwinError;
 use super::etag::etag_text;
+use super::json_tree::{Json, Members};
 use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;

@@ -6,12 +6,12 @@
 //! Every entry stands alone: it succeeds or fails as a whole (validated before anything of it is
 //! written, like the single-identity operations it reuses), and a failed entry does not stop the others.
 
-use super::json_tree::{self, Json, Members};
 use serde::{Deserialize, Serialize};
 
 use super::apply::clear_patch;
 use super::command::{Command, DeviceSpec, IfMatch, ModuleSpec};
 use super::error::TwinError;
+use super::json_tree::{self, Json, Members};
 use super::validate::{Section, ServiceBody};
 use super::{Event, ShardState};
 use crate::ids::TwinId;
