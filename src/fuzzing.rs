@@ -248,7 +248,8 @@ pub fn mqtt_session(data: &[u8]) -> MqttRun {
 /// PATCH, a service PUT and a device's reported patch. The text is also checked as the front door
 /// checks a service body and as a bulk entry's section is, straight from the text: those checks may
 /// never accept what the parsed check refuses. Apply reads twin bodies into a tree that borrows from
-/// the text (`json_tree`): it must read every text as serde_json's `Value` does.
+/// the text (`json_tree`): it must read every text as serde_json's `Value` does, and write it back as
+/// serde_json writes the `Value` (change events carry patches written by it).
 pub fn twin_json(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let text_ok = crate::model::validate_twin_section_texts(Some(text), None).is_ok();
@@ -264,6 +265,9 @@ pub fn twin_json(data: &[u8]) {
         Ok(j) => {
             assert_eq!(j.to_value(), v, "the borrowing tree read another document");
             assert_eq!(serde_json::to_string(j).ok(), serde_json::to_string(&v).ok(), "it renders other text");
+            let mut written = Vec::new();
+            j.write_text(&mut written);
+            assert_eq!(serde_json::to_vec(&v).ok(), Some(written), "its text writer writes other text");
         }
         Err(e) => panic!("the borrowing tree refused what Value reads: {e}"),
     }

@@ -18,7 +18,7 @@ use super::validate::{
     check_size, parse_tree, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
     MAX_REPORTED_SIZE, MAX_TAGS_SIZE,
 };
-use super::{Event, JsonText, Reply, ShardState, MAX_MODULES_PER_DEVICE};
+use super::{Event, Reply, ShardState, MAX_MODULES_PER_DEVICE};
 use crate::ids::TwinId;
 
 type Outcome = Result<Reply, TwinError>;
@@ -525,7 +525,7 @@ impl ShardState {
         if quiet {
             return Ok(());
         }
-        let body = JsonText::of(&UpdateBody {
+        let body = UpdateBody {
             version,
             tags: tags_patch.as_deref(),
             properties: desired_patch.as_deref().map(|patch| SectionChange {
@@ -535,7 +535,8 @@ impl ShardState {
                 version: desired_version,
                 with_version: true,
             }),
-        });
+        }
+        .to_text();
         events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body, version });
         if let Some(p) = desired_patch {
             events.push(Event::DesiredPatch {
@@ -613,7 +614,7 @@ impl ShardState {
         if quiet {
             return Ok(Reply::Reported { version: reported_version });
         }
-        let body = JsonText::of(&UpdateBody {
+        let body = UpdateBody {
             version,
             tags: None,
             properties: Some(SectionChange {
@@ -623,7 +624,8 @@ impl ShardState {
                 version: reported_version,
                 with_version: false,
             }),
-        });
+        }
+        .to_text();
         events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body, version });
         Ok(Reply::Reported { version: reported_version })
     }

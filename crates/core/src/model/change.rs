@@ -7,7 +7,9 @@
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
+use super::json_text::JsonText;
 use super::json_tree::Members;
+use super::json_write::{write_json_int, write_key};
 use super::packed::NodeRef;
 
 /// What an `updateTwin` changed, borrowed from the command and the twin after it.
@@ -31,6 +33,42 @@ pub(super) struct SectionChange<'a> {
     pub version: i64,
     /// Whether `$metadata` carries `$lastUpdatedVersion` (desired does, reported does not).
     pub with_version: bool,
+}
+
+impl UpdateBody<'_> {
+    /// The body as shared text.
+    pub fn to_text(&self) -> JsonText {
+        JsonText::written(|buf| {
+            self.write_text(buf);
+            Ok(())
+        })
+    }
+
+    /// The body as JSON text: the bytes its `Serialize` gives through serde_json, written straight
+    /// (the leader writes one for every twin write; through a serializer, the patch's strings were
+    /// checked for escapes byte by byte, as were all the names).
+    pub fn write_text(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"version\":");
+        write_json_int(out, self.version);
+        if let Some(t) = self.tags {
+            out.extend_from_slice(b",\"tags\":{");
+            t.write_member_list(out, &mut true);
+            out.push(b'}');
+        }
+        if let Some(p) = &self.properties {
+            out.extend_from_slice(b",\"properties\":{");
+            write_key(out, &mut true, p.name.as_bytes());
+            out.push(b'{');
+            let mut first = true;
+            p.patch.write_member_list(out, &mut first);
+            write_key(out, &mut first, b"$metadata");
+            p.node.write_patch_metadata(out, p.patch, p.with_version);
+            out.extend_from_slice(b",\"$version\":");
+            write_json_int(out, p.version);
+            out.extend_from_slice(b"}}");
+        }
+        out.push(b'}');
+    }
 }
 
 impl Serialize for UpdateBody<'_> {
@@ -67,5 +105,43 @@ impl Serialize for SectionChange<'_> {
         map.serialize_entry("$metadata", &self.node.patch_metadata(self.patch, self.with_version))?;
         map.serialize_entry("$version", &self.version)?;
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::json_tree::{self, Json};
+    use crate::model::packed::Packed;
+
+    /// The body written as text is what serde_json writes for it, with and without tags and a
+    /// section, desired and reported, names and strings that need escapes included.
+    #[test]
+    fn change_body_text_matches_its_serde_rendering() {
+        let patches = [
+            r#"{"a":1}"#,
+            r#"{"fb":{"seq":12,"ts":1795000000123,"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}"#,
+            r#"{"q\"uote":"a\"b\\c\u0001","é":{"n":-0.5e3,"gone":null,"arr":[1,"t",{"k":null}]},"z":{}}"#,
+            r#"{"x":null}"#,
+        ];
+        for (i, text) in patches.iter().enumerate() {
+            let Ok(Json::Object(patch)) = json_tree::parse(text) else { panic!("{text}") };
+            let section = Packed::empty_section().merged(&patch, 1_700_000_000_123, 3);
+            for (tags, name, with_version) in [(true, "desired", true), (false, "reported", false), (true, "", true)] {
+                let body = UpdateBody {
+                    version: 7 + i as i64,
+                    tags: tags.then_some(&patch),
+                    properties: (!name.is_empty()).then(|| SectionChange {
+                        name: if name.is_empty() { "desired" } else { name },
+                        patch: &patch,
+                        node: section.root(),
+                        version: 4,
+                        with_version,
+                    }),
+                };
+                let want = serde_json::to_string(&body).unwrap_or_default();
+                assert_eq!(body.to_text().as_str(), want, "{text}, {name:?}");
+            }
+        }
     }
 }

@@ -12,11 +12,27 @@ pub fn etag_text(counter: u64) -> String {
 #[derive(Clone, Copy, Debug)]
 pub struct Etag(pub u64);
 
-impl serde::Serialize for Etag {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        // Eight bytes are always twelve base64 characters, padding included.
+impl Etag {
+    /// The etag's text: eight bytes are always twelve base64 characters, padding included, none of
+    /// which a JSON string escapes.
+    fn text(self) -> ([u8; 12], usize) {
         let mut text = [0u8; 12];
         let n = base64::engine::general_purpose::STANDARD.encode_slice(self.0.to_be_bytes(), &mut text).unwrap_or(0);
+        (text, n)
+    }
+
+    /// The etag as a JSON string, the bytes serde_json writes for it, without a serializer.
+    pub fn write_json(self, out: &mut Vec<u8>) {
+        let (text, n) = self.text();
+        out.push(b'"');
+        out.extend_from_slice(&text[..n]);
+        out.push(b'"');
+    }
+}
+
+impl serde::Serialize for Etag {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (text, n) = self.text();
         s.serialize_str(std::str::from_utf8(&text[..n]).unwrap_or_default())
     }
 }
@@ -41,6 +57,9 @@ mod tests {
         assert_eq!(etag_counter("not base64!"), None);
         for counter in [0, 1, 7, u64::MAX, 0x0123_4567_89ab_cdef] {
             assert_eq!(serde_json::to_string(&Etag(counter)).ok(), Some(format!("\"{}\"", etag_text(counter))));
+            let mut written = Vec::new();
+            Etag(counter).write_json(&mut written);
+            assert_eq!(serde_json::to_vec(&Etag(counter)).ok(), Some(written));
         }
     }
 }

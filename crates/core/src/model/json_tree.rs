@@ -22,6 +22,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Number, Value};
 
 use super::json_read::{Key, NUMBER_TOKEN, RAW_VALUE_TOKEN};
+use super::json_write::{write_json_str, write_key};
 
 /// A JSON value, borrowing its keys and strings from the text it was read from where it can.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,6 +109,49 @@ impl<'a> Json<'a> {
         }
     }
 
+    /// The length of [`Json::number_text`], counted without writing it for an integer (each write
+    /// measures every number it carries); `None` for anything but a number.
+    pub fn number_len(&self) -> Option<usize> {
+        let digits = |m: u64| m.checked_ilog10().map_or(1, |l| l as usize + 1);
+        match self {
+            Json::U64(u) => Some(digits(*u)),
+            Json::I64(i) => Some(usize::from(*i < 0) + digits(i.unsigned_abs())),
+            Json::Number(n) => Some(n.as_str().chars().count()),
+            _ => None,
+        }
+    }
+
+    /// The value as JSON text: the bytes serde_json writes for it (its `Serialize`), without a
+    /// serializer (a change event carries each patch it applied, on the leader of every write).
+    pub fn write_text(&self, out: &mut Vec<u8>) {
+        match self {
+            Json::Null => out.extend_from_slice(b"null"),
+            Json::Bool(true) => out.extend_from_slice(b"true"),
+            Json::Bool(false) => out.extend_from_slice(b"false"),
+            Json::U64(_) | Json::I64(_) | Json::Number(_) => {
+                if let Some(text) = self.number_text() {
+                    out.extend_from_slice(text.as_bytes());
+                }
+            }
+            Json::String(s) => write_json_str(out, s.as_bytes()),
+            Json::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write_text(out);
+                }
+                out.push(b']');
+            }
+            Json::Object(m) => {
+                out.push(b'{');
+                m.write_member_list(out, &mut true);
+                out.push(b'}');
+            }
+        }
+    }
+
     /// An integer the reading holds as one (its text has no fraction or exponent).
     pub fn integer(&self) -> Option<i128> {
         match self {
@@ -119,6 +163,15 @@ impl<'a> Json<'a> {
 }
 
 impl<'a> Members<'a> {
+    /// The members as `"name":value` each, comma-separated, inside braces the caller writes; `first`
+    /// says whether one was written before them.
+    pub fn write_member_list(&self, out: &mut Vec<u8>, first: &mut bool) {
+        for (k, v) in self.iter() {
+            write_key(out, first, k.as_bytes());
+            v.write_text(out);
+        }
+    }
+
     /// Members from entries in order, a key given more than once kept where it first appears, with
     /// the value it was given last (how `Value`'s ordered map inserts).
     pub fn from_entries(mut entries: Vec<(Cow<'a, str>, Json<'a>)>) -> Members<'a> {
@@ -490,10 +543,15 @@ mod tests {
 
     #[test]
     fn number_texts_are_values_texts() {
-        for text in ["0", "-0", "7", "-7", "18446744073709551615", "-9223372036854775808", "1.25", "1e400", "2E-3"] {
+        let edges = ["0", "-0", "7", "-7", "9", "10", "-10", "99", "100", "999999999999", "1000000000000"];
+        let more = ["18446744073709551615", "-9223372036854775808", "9223372036854775807", "1.25", "1e400", "2E-3"];
+        for text in edges.into_iter().chain(more) {
             let (Ok(v), Ok(j)) = (serde_json::from_str::<Value>(text), parse(text)) else { continue };
             match (&v, j.number_text()) {
-                (Value::Number(n), Some(t)) => assert_eq!(n.as_str(), &*t, "{text}"),
+                (Value::Number(n), Some(t)) => {
+                    assert_eq!(n.as_str(), &*t, "{text}");
+                    assert_eq!(j.number_len(), Some(n.as_str().len()), "{text}: length");
+                }
                 _ => assert_eq!(j.to_value(), v, "{text}"),
             }
         }

@@ -1107,6 +1107,28 @@ fn quiet_apply_changes_the_state_and_answers_exactly_like_apply_without_events()
     assert!(quiet.state.tag_index_is_consistent());
 }
 
+/// Members the golden twins below do not have (thumbprints, a self-signed identity, a connected
+/// device) render as text exactly as through serde.
+#[test]
+fn twin_text_of_a_self_signed_device_is_its_serde_rendering() {
+    let mut f = Fixture::new();
+    let mut spec = device_spec("x509-$(1)");
+    spec.auth = AuthSpec {
+        auth_type: AuthType::SelfSigned,
+        primary_key: None,
+        secondary_key: None,
+        primary_thumbprint: Some("ABCDEF0123456789ABCDEF0123456789ABCDEF01".into()),
+        secondary_thumbprint: None,
+    };
+    f.must(Op::PutDevice { device: spec, if_match: None });
+    let id = TwinId::device("x509-$(1)");
+    let text = f.state.twin_text(&id).unwrap();
+    assert_eq!(text.as_str(), f.state.twin_text_via_serde(&id).unwrap().as_str());
+    assert_eq!(text.as_str(), serde_json::to_string(&f.state.twin(&id).unwrap()).unwrap());
+    assert!(text.as_str().contains(r#""x509Thumbprint":{"primaryThumbprint":"ABCDEF"#), "{}", text.as_str());
+    assert!(text.as_str().contains(r#""authenticationType":"selfSigned""#), "{}", text.as_str());
+}
+
 /// Twins whose rendering covers every member kind: tags, nested desired and reported values (big and
 /// fractional numbers, escapes, non-ASCII, arrays, booleans, null removal), an edge device, a disabled
 /// device with a reason, a module twin.

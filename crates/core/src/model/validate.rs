@@ -254,9 +254,12 @@ fn check_value(v: &Json<'_>, path: Path<'_>, level: usize) -> Result<(), TwinErr
     match v {
         Json::Null | Json::Bool(_) => Ok(()),
         // Numbers keep their JSON text (serde_json's `arbitrary_precision`), so it is read, not rendered.
-        Json::U64(_) | Json::I64(_) | Json::Number(_) => {
-            v.number_text().map_or(Ok(()), |t| check_number_text(&t, path))
-        }
+        // An integer read as one is checked as the number it is, not as its text.
+        Json::U64(_) | Json::I64(_) => match v.integer() {
+            Some(i) if (MIN_INTEGER..=MAX_INTEGER).contains(&i) => Ok(()),
+            _ => Err(out_of_range(path)),
+        },
+        Json::Number(n) => check_number_text(n.as_str(), path),
         Json::String(s) if s.len() > MAX_STRING_BYTES => {
             Err(invalid(&format!("string at {path} is {} bytes, over the limit of {MAX_STRING_BYTES} bytes", s.len())))
         }
@@ -300,13 +303,21 @@ fn out_of_range(path: Path<'_>) -> TwinError {
 /// Characters of a string as it counts in a size: its characters plus two quotes, control characters
 /// not counted.
 pub fn text_size(s: &str) -> usize {
-    // Every write measures every string it carries; ASCII text (nearly all of it) is counted by
-    // bytes, which vectorizes, instead of decoding each char. Both count the same: the only ASCII
-    // control characters are U+0000–U+001F and U+007F.
-    if s.is_ascii() {
-        return 2 + s.len() - s.bytes().filter(u8::is_ascii_control).count();
+    ascii_text_size(s.as_bytes()).unwrap_or_else(|| 2 + s.chars().filter(|c| !c.is_control()).count())
+}
+
+/// [`text_size`] of ASCII text, counted by bytes (the only ASCII control characters are U+0000–U+001F
+/// and U+007F); `None` for other text. Every write measures every string it carries and each section
+/// it merged, on every replica: nearly all of them ASCII without a control character, which a test a
+/// word at a time finds before anything is counted (counted byte by byte, most of the size of a merged
+/// section, benches/README.md).
+pub fn ascii_text_size(bytes: &[u8]) -> Option<usize> {
+    if !bytes.is_ascii() {
+        return None;
     }
-    2 + s.chars().filter(|c| !c.is_control()).count()
+    let controls =
+        if super::scan::has_control(bytes) { bytes.iter().filter(|b| b.is_ascii_control()).count() } else { 0 };
+    Some(2 + bytes.len() - controls)
 }
 
 /// Size of a JSON document as defined in the module doc (null members of objects count).
@@ -315,7 +326,7 @@ pub fn doc_size(v: &Json<'_>) -> usize {
         Json::Null => 4,
         Json::Bool(true) => 4,
         Json::Bool(false) => 5,
-        Json::U64(_) | Json::I64(_) | Json::Number(_) => v.number_text().map_or(0, |t| t.chars().count()),
+        Json::U64(_) | Json::I64(_) | Json::Number(_) => v.number_len().unwrap_or(0),
         Json::String(s) => text_size(s),
         Json::Array(items) => 2 + items.len().saturating_sub(1) + items.iter().map(doc_size).sum::<usize>(),
         Json::Object(m) => {

@@ -559,6 +559,9 @@ mod tests {
                 (Ok(v), Ok(j)) => {
                     assert_eq!(j.to_value(), v, "{text}");
                     assert_eq!(serde_json::to_string(&j).ok(), serde_json::to_string(&v).ok(), "{text}");
+                    let mut written = Vec::new();
+                    j.write_text(&mut written);
+                    assert_eq!(serde_json::to_vec(&v).ok(), Some(written), "{text}: written");
                     read += 1;
                 }
                 (Err(_), Err(_)) => {}
