@@ -240,7 +240,8 @@ mod tests {
             version: 2,
         };
         assert_eq!(change_of(r, "hub", 0).unwrap().kind, Kind::Replace);
-        let p = Event::DesiredPatch { id: TwinId::device("d"), patch: json!({}), desired_version: 2 };
+        let p =
+            Event::DesiredPatch { id: TwinId::device("d"), patch: JsonText::render(&json!({})), desired_version: 2 };
         assert!(change_of(p, "hub", 0).is_none());
         assert_eq!(connection_body(255)["sequenceNumber"].as_str().unwrap().len(), 64);
         assert!(connection_body(255)["sequenceNumber"].as_str().unwrap().ends_with("00FF"));

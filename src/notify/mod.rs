@@ -48,7 +48,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde_json::Value;
 use tokio::sync::Notify;
 
 use crate::ids::{ShardId, TwinId};
@@ -441,7 +440,13 @@ impl Hub {
         Self::anyone_listening(&lock(&self.feed))
     }
 
-    fn push_desired(&self, id: &TwinId, patch: &Value, version: i64) {
+    fn push_desired(&self, id: &TwinId, patch: &JsonText, version: i64) {
+        // The patch comes as text; most desired writes reach a twin no device listens to, and only
+        // for one that has is it read into the tree the queues merge.
+        if !lock(&self.pushes).by_twin.contains_key(id) {
+            return;
+        }
+        let patch = &patch.to_value();
         let mut st = lock(&self.pushes);
         let Some(regs) = st.by_twin.get(id).cloned() else { return };
         for r in regs {

@@ -332,7 +332,7 @@ fn desired_pushes_reach_the_committed_desired_state() {
             };
             for e in model.apply(op) {
                 if let Event::DesiredPatch { patch, desired_version, .. } = e {
-                    if queue.offer(&patch, desired_version) == Offered::Overflow {
+                    if queue.offer(&patch.to_value(), desired_version) == Offered::Overflow {
                         overflows += 1;
                     }
                 }
@@ -411,7 +411,7 @@ async fn assert_idle<T: std::fmt::Debug>(fut: impl std::future::Future<Output = 
 fn desired(id: &TwinId, v: i64, patch: Value) -> Event {
     let mut p = patch.as_object().cloned().unwrap();
     p.insert("$version".into(), json!(v));
-    Event::DesiredPatch { id: id.clone(), patch: Value::Object(p), desired_version: v }
+    Event::DesiredPatch { id: id.clone(), patch: JsonText::render(&Value::Object(p)), desired_version: v }
 }
 
 fn tags_change(id: &TwinId, v: i64, tags: Value) -> Event {

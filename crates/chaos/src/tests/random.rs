@@ -158,7 +158,7 @@ impl Gen {
     fn pushes_from(&mut self, events: &[Event], point: u64) {
         for e in events {
             if let Event::DesiredPatch { patch, desired_version, .. } = e {
-                self.pushes.push((point + STEP / 2, *desired_version, patch.clone()));
+                self.pushes.push((point + STEP / 2, *desired_version, patch.to_value()));
             }
         }
     }

@@ -11,6 +11,7 @@ use super::doc::{replace_diff, Node};
 use super::error::TwinError;
 use super::etag::etag_text;
 use super::json_tree::{Json, Members};
+use super::json_write::{write_json_int, write_key};
 use super::packed::{NodeRef, Packed};
 use super::registry::{DeviceEntry, Identity, ModuleEntry, TwinDoc};
 use super::time::NEVER;
@@ -18,7 +19,7 @@ use super::validate::{
     check_size, parse_tree, reported_body, service_body, validate_id, Section, ServiceBody, MAX_DESIRED_SIZE,
     MAX_REPORTED_SIZE, MAX_TAGS_SIZE,
 };
-use super::{Event, Reply, ShardState, MAX_MODULES_PER_DEVICE};
+use super::{Event, JsonText, Reply, ShardState, MAX_MODULES_PER_DEVICE};
 use crate::ids::TwinId;
 
 type Outcome = Result<Reply, TwinError>;
@@ -539,11 +540,18 @@ impl ShardState {
         .to_text();
         events.push(Event::TwinChanged { id: id.clone(), op_type: "updateTwin".into(), body, version });
         if let Some(p) = desired_patch {
-            events.push(Event::DesiredPatch {
-                id: id.clone(),
-                patch: with_version(p.to_map(), desired_version),
-                desired_version,
+            let patch = JsonText::written(|out| {
+                // Patch keys never start with `$` (validation refuses it): `$version` comes last, as
+                // a map of the patch with it inserted would write it.
+                out.push(b'{');
+                let mut first = true;
+                p.write_member_list(out, &mut first);
+                write_key(out, &mut first, b"$version");
+                write_json_int(out, desired_version);
+                out.push(b'}');
+                Ok(())
             });
+            events.push(Event::DesiredPatch { id: id.clone(), patch, desired_version });
         }
         Ok(())
     }
@@ -586,11 +594,8 @@ impl ShardState {
             // The full twin: the document the reply already is.
             let body = reply.clone();
             events.push(Event::TwinChanged { id: id.clone(), op_type: "replaceTwin".into(), body, version });
-            events.push(Event::DesiredPatch {
-                id: id.clone(),
-                patch: with_version(diff, desired_version),
-                desired_version,
-            });
+            let patch = JsonText::render(&with_version(diff, desired_version));
+            events.push(Event::DesiredPatch { id: id.clone(), patch, desired_version });
         }
         Ok(Reply::Twin(reply))
     }

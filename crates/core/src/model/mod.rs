@@ -96,8 +96,10 @@ pub enum Event {
     /// sends it as it is, and looks inside only to coalesce two pending changes.
     TwinChanged { id: TwinId, op_type: String, body: JsonText, version: i64 },
     /// What a connected device receives on `$iothub/twin/PATCH/properties/desired/?$version=n`: the
-    /// patch (for a replace, the difference with `null` for removed keys) plus `"$version"`.
-    DesiredPatch { id: TwinId, patch: Value, desired_version: i64 },
+    /// patch (for a replace, the difference with `null` for removed keys) plus `"$version"`. Kept as
+    /// text, written from the patch on the leader of every desired write: a tree is built from it
+    /// only for a twin with a device listening, which a write on its own seldom has.
+    DesiredPatch { id: TwinId, patch: JsonText, desired_version: i64 },
     /// Identity lifecycle: `createDeviceIdentity`, `deleteDeviceIdentity` (and module variants).
     Lifecycle { id: TwinId, op_type: String, body: Value },
     /// `deviceConnected` / `deviceDisconnected`.
