@@ -132,7 +132,7 @@ mod tests {
                     version: 7 + i as i64,
                     tags: tags.then_some(&patch),
                     properties: (!name.is_empty()).then(|| SectionChange {
-                        name: if name.is_empty() { "desired" } else { name },
+                        name,
                         patch: &patch,
                         node: section.root(),
                         version: 4,

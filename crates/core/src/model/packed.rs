@@ -734,14 +734,19 @@ impl LastStamp {
     }
 }
 
-/// [`Metadata`] as text.
-fn write_metadata(out: &mut Vec<u8>, node: NodeRef<'_>, with_version: bool, last: &mut LastStamp) {
+/// `{` and [`Stamp`] as text: the start of a node's `$metadata`, whose members the caller writes.
+fn write_stamp(out: &mut Vec<u8>, node: NodeRef<'_>, with_version: bool, last: &mut LastStamp) {
     out.extend_from_slice(b"{\"$lastUpdated\":");
     last.write(out, node.updated);
     if with_version && node.updated != NEVER {
         out.extend_from_slice(b",\"$lastUpdatedVersion\":");
         write_json_int(out, node.updated_version);
     }
+}
+
+/// [`Metadata`] as text.
+fn write_metadata(out: &mut Vec<u8>, node: NodeRef<'_>, with_version: bool, last: &mut LastStamp) {
+    write_stamp(out, node, with_version, last);
     let mut members = node.members();
     while let Some((name, child)) = members.next_raw() {
         write_key(out, &mut false, name);
@@ -758,12 +763,7 @@ fn write_patch_metadata(
     with_version: bool,
     last: &mut LastStamp,
 ) {
-    out.extend_from_slice(b"{\"$lastUpdated\":");
-    last.write(out, node.updated);
-    if with_version && node.updated != NEVER {
-        out.extend_from_slice(b",\"$lastUpdatedVersion\":");
-        write_json_int(out, node.updated_version);
-    }
+    write_stamp(out, node, with_version, last);
     let children = Children::of(node, patch.len());
     for (k, pv) in patch.iter() {
         let Some(n) = children.get(k) else { continue };
