@@ -207,8 +207,10 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
     // A system that cannot be started or loaded is reported and skipped: the others' minutes of
     // measurement are still written, and the command fails at the end.
     let mut failed = serde_json::Map::new();
-    for (i, system) in systems.into_iter().enumerate() {
-        let settled = if i > 0 { Some(settle_disk(system.name()).await) } else { None };
+    for system in systems {
+        // The first system too: whatever ran before the compare (a build, another compare) may have
+        // left the disk busy, and every system starts on the same terms.
+        let settled = settle_disk(system.name()).await;
         let r = match system {
             System::Twinhub => run_twinhub(&opts).await,
             System::Etcd => run_etcd(&opts).await,
@@ -216,9 +218,7 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         };
         match r {
             Ok(mut r) => {
-                if let Some(waited) = settled {
-                    r.json["disk_settle_s"] = json!(round(waited.as_secs_f64(), 1));
-                }
+                r.json["disk_settle_s"] = json!(round(settled.as_secs_f64(), 1));
                 results.push(r)
             }
             Err(e) => {
@@ -296,12 +296,12 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
 /// The longest [`settle_disk`] waits.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 
-/// Waits until the disk is quiet before the next system starts. The system that ran before leaves work
-/// for the disk (dirty pages still to be written back, the blocks of its deleted data directory to
-/// free), and whichever runs next would pay for it: in one hour twinhub measured a quarter slower in
-/// third place than in first. So: `sync`, then wait until the disk's stall time (PSI,
-/// `/proc/pressure/io`, "some") stays under 1 % for three seconds in a row, at most [`SETTLE_MAX`];
-/// where the kernel has no PSI, only the `sync`. Returns how long it waited.
+/// Waits until the disk is quiet before a system starts. Whatever ran before (the previous system, a
+/// build, another compare) leaves work for the disk (dirty pages still to be written back, the blocks
+/// of a deleted data directory to free), and whichever runs next would pay for it: in one hour twinhub
+/// measured a quarter slower in third place than in first. So: `sync`, then wait until the disk's stall
+/// time (PSI, `/proc/pressure/io`, "some") stays under 1 % for three seconds in a row, at most
+/// [`SETTLE_MAX`]; where the kernel has no PSI, only the `sync`. Returns how long it waited.
 async fn settle_disk(next: &str) -> Duration {
     let started = std::time::Instant::now();
     eprintln!("compare: sync, and waiting for the disk to settle before {next} (at most {} s)", SETTLE_MAX.as_secs());
