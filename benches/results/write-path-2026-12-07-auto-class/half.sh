@@ -1,7 +1,8 @@
 #!/bin/bash
 # Below saturation ABBA, same binary: the default (auto) against cpu_scheduling="normal"; 25 % and 50 % of the closed-loop maximum.
+# Usage: OUTDIR [BINDIR, default target/release]
 out=${1:?OUTDIR}; mkdir -p $out
-B=/work/main/target/release
+B=${2:-target/release}
 i=0
 for v in auto normal normal auto auto normal normal auto; do i=$((i+1))
   if [ $v = normal ]; then export TWINHUB_BENCH_NODE_OPTIONS='cpu_scheduling="normal"'; else unset TWINHUB_BENCH_NODE_OPTIONS; fi
