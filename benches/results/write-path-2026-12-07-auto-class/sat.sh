@@ -1,6 +1,6 @@
 #!/bin/bash
 # Saturation ABBA, same binary: the default (auto) against cpu_scheduling="normal".
-# Usage: OUTDIR [BINDIR, default target/release]
+# Usage: OUTDIR [BINDIR, default target/release]; BINDIR must hold a build with auto-governor.patch applied (main has no `auto`).
 out=${1:?OUTDIR}; mkdir -p $out
 B=${2:-target/release}
 i=0
