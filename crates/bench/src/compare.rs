@@ -146,6 +146,8 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
             "updates_acked_incl_warmup": all_ok,
             "updates_per_notification": if notifications > 0 { round(all_ok as f64 / notifications as f64, 3) } else { 0.0 },
         },
+        "steal_pct": summary.steal_pct.map(|v| round(v, 2)),
+        "steal_pct_max": summary.steal_pct_max.map(|v| round(v, 2)),
         "series": summary.series,
     });
     if let (Value::Object(m), Value::Object(e)) = (&mut json, extra) {
@@ -428,7 +430,7 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>11} {:>12} {:>12}",
+        "{:<12} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>11} {:>12} {:>12} {:>8}",
         "system",
         "updates/s",
         "p50 ms",
@@ -439,13 +441,14 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
         "RSS MB",
         "watch msgs",
         "srv CPU ms/u",
-        "cli CPU ms/u"
+        "cli CPU ms/u",
+        "steal %"
     );
     for r in results {
         let j = &r.json;
         let _ = writeln!(
             s,
-            "{:<12} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>7} {:>8.1} {:>11} {:>12.3} {:>12.3}",
+            "{:<12} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>7} {:>8.1} {:>11} {:>12.3} {:>12.3} {:>8}",
             r.name,
             j["updates_per_s"].as_f64().unwrap_or(0.0),
             j["p50_ms"].as_f64().unwrap_or(0.0),
@@ -456,7 +459,8 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
             j["rss_mb"].as_f64().unwrap_or(0.0),
             j["watch"]["notifications"].as_u64().unwrap_or(0),
             j["cpu"]["servers_cpu_ms_per_update"].as_f64().unwrap_or(0.0),
-            j["cpu"]["client_cpu_ms_per_update"].as_f64().unwrap_or(0.0)
+            j["cpu"]["client_cpu_ms_per_update"].as_f64().unwrap_or(0.0),
+            j["steal_pct"].as_f64().map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into())
         );
     }
     if let Some(Value::Object(ratios)) = out.get("ratios_twinhub_over_peer") {
@@ -476,7 +480,7 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
             }
         }
     }
-    let _ = writeln!(s, "(RSS: sum of VmRSS of the 3 server processes at the end of the window; CPU ms/u: CPU milliseconds per acknowledged update, servers summed / this client)");
+    let _ = writeln!(s, "(RSS: sum of VmRSS of the 3 server processes at the end of the window; CPU ms/u: CPU milliseconds per acknowledged update, servers summed / this client; steal: the hypervisor's share of the machine's CPU over the window, which slows every system in it)");
     let _ = writeln!(s, "\nclients:");
     for r in results {
         let _ = writeln!(s, "  {:<12} {}", r.name, r.json["protocol"].as_str().unwrap_or(""));

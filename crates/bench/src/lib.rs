@@ -4,7 +4,8 @@
 //! process ids), exactly like the peers etcd and NATS JetStream KV. Modules:
 //!
 //! - [`stats`], [`progress`], [`plot`]: HdrHistogram measurements, per-second series, the progress
-//!   line, JSON-able summaries and the SVG plot;
+//!   line, JSON-able summaries and the SVG plot; [`steal`]: the hypervisor's share of the machine's
+//!   CPU in each second and phase;
 //! - [`loadgen`]: closed-loop and open-loop drivers over `Worker`s;
 //! - [`targets`]: the systems under test behind one `Target` trait (twinhub, etcd, nats);
 //! - [`peers`]: installing, starting and stopping the 3-node clusters;
@@ -25,6 +26,7 @@ pub mod progress;
 pub mod sas;
 pub mod scenarios;
 pub mod stats;
+pub mod steal;
 pub mod targets;
 pub mod tls;
 pub mod value;

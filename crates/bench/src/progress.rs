@@ -1,5 +1,6 @@
 //! The once-a-second progress line on stderr (ops/s of the last second, p99 of the last second and of
-//! the run so far, errors), which also closes the recorder's per-second interval for the series.
+//! the run so far, errors, the hypervisor's steal), which also closes the recorder's per-second
+//! interval for the series.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +27,9 @@ impl Progress {
                 tick.tick().await;
                 let Some((s, run, errors)) = rec.tick() else { continue };
                 let more = extra.as_ref().map(|f| format!("  {}", f())).unwrap_or_default();
+                let steal = s.steal_pct.map(|v| format!("  steal {v:.1} %")).unwrap_or_default();
                 eprintln!(
-                    "[{label}] {:>5.0}s {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms (run p99 {:>7.2})  errors {}{more}",
+                    "[{label}] {:>5.0}s {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms (run p99 {:>7.2})  errors {}{more}{steal}",
                     s.t_s, s.ops_per_s, s.p50_ms, s.p99_ms, run.p99_ms, errors
                 );
             }

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::steal::{self, CpuTimes};
+
 /// Latencies are recorded in microseconds, 1 µs .. 10 min, 3 significant digits.
 pub fn new_hist() -> Histogram<u64> {
     Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")
@@ -64,6 +66,8 @@ pub struct Second {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub by_op: BTreeMap<String, u64>,
+    /// The hypervisor's share of the machine's CPU in this second, in percent (see [`crate::steal`]).
+    pub steal_pct: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -78,6 +82,10 @@ pub struct Summary {
     pub latencies: BTreeMap<String, LatencySummary>,
     pub counters: BTreeMap<String, i64>,
     pub series: Vec<Second>,
+    /// The hypervisor's share of the machine's CPU over the measured window, in percent.
+    pub steal_pct: Option<f64>,
+    /// The same in the window's worst second.
+    pub steal_pct_max: Option<f64>,
 }
 
 struct OpAcc {
@@ -101,6 +109,10 @@ struct Inner {
     interval_errors: u64,
     interval_by_op: BTreeMap<String, u64>,
     series: Vec<Second>,
+    /// The machine's CPU counters at `started`, at `last_tick` and at `frozen`.
+    cpu_started: Option<CpuTimes>,
+    cpu_last_tick: Option<CpuTimes>,
+    cpu_frozen: Option<CpuTimes>,
 }
 
 pub struct Recorder {
@@ -132,6 +144,9 @@ impl Recorder {
                 interval_errors: 0,
                 interval_by_op: BTreeMap::new(),
                 series: Vec::new(),
+                cpu_started: CpuTimes::now(),
+                cpu_last_tick: CpuTimes::now(),
+                cpu_frozen: None,
             }),
         }
     }
@@ -212,6 +227,9 @@ impl Recorder {
         g.interval_errors = 0;
         g.interval_by_op.clear();
         g.series.clear();
+        g.cpu_started = CpuTimes::now();
+        g.cpu_last_tick = g.cpu_started;
+        g.cpu_frozen = None;
     }
 
     /// Closes the current one-second interval and returns it (also kept in the series); `None` for a
@@ -224,6 +242,9 @@ impl Recorder {
             return None;
         }
         g.last_tick = now;
+        let cpu = CpuTimes::now();
+        let steal_pct = steal::pct_between(g.cpu_last_tick, cpu);
+        g.cpu_last_tick = cpu;
         let s = Second {
             t_s: now.duration_since(g.started).as_secs_f64(),
             ops_per_s: g.interval.len() as f64 / dt,
@@ -231,6 +252,7 @@ impl Recorder {
             p50_ms: g.interval.value_at_quantile(0.5) as f64 / 1000.0,
             p99_ms: g.interval.value_at_quantile(0.99) as f64 / 1000.0,
             by_op: std::mem::take(&mut g.interval_by_op),
+            steal_pct,
         };
         g.interval.reset();
         g.interval_errors = 0;
@@ -243,6 +265,7 @@ impl Recorder {
         let mut g = self.lock();
         if g.frozen.is_none() {
             g.frozen = Some(Instant::now());
+            g.cpu_frozen = CpuTimes::now();
         }
     }
 
@@ -274,6 +297,8 @@ impl Recorder {
             latencies: g.latencies.iter().map(|(k, h)| (k.clone(), LatencySummary::of(h))).collect(),
             counters: g.counters.clone(),
             series: g.series.clone(),
+            steal_pct: steal::pct_between(g.cpu_started, g.cpu_frozen.or_else(CpuTimes::now)),
+            steal_pct_max: g.series.iter().filter_map(|s| s.steal_pct).reduce(f64::max),
         }
     }
 }

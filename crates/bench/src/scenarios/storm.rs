@@ -347,6 +347,7 @@ async fn run_on(o: &StormOpts, cluster: &Cluster, nofile: u64) -> anyhow::Result
             p50_ms: 0.0,
             p99_ms: 0.0,
             by_op: BTreeMap::new(),
+            steal_pct: None,
         })
         .collect();
     let connect = LatencySummary::of(&h);

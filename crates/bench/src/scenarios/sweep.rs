@@ -53,6 +53,8 @@ fn phase_json(label: &str, target_rate: Option<f64>, s: &Summary, open: Option<&
         "errors": s.total.errors,
         "error_kinds": s.errors,
         "backlog_at_end": open.map(|o| o.backlog_at_end),
+        "steal_pct": s.steal_pct,
+        "steal_pct_max": s.steal_pct_max,
         "series": s.series,
     })
 }
@@ -91,12 +93,21 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         o.duration.as_secs()
     );
     println!(
-        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8}",
-        "phase", "target/s", "achieved/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "errors", "backlog"
+        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>14}",
+        "phase",
+        "target/s",
+        "achieved/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "errors",
+        "backlog",
+        "steal % (max)"
     );
     for p in &phases {
         println!(
-            "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8}",
+            "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8} {:>14}",
             p["phase"].as_str().unwrap_or(""),
             p["target_rate"].as_f64().map(|r| format!("{r:.0}")).unwrap_or_else(|| "max".into()),
             p["achieved_per_s"].as_f64().unwrap_or(0.0),
@@ -106,7 +117,15 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
             p["p999_ms"].as_f64().unwrap_or(0.0),
             p["errors"].as_u64().unwrap_or(0),
             p["backlog_at_end"].as_u64().map(|b| b.to_string()).unwrap_or_else(|| "-".into()),
+            match (p["steal_pct"].as_f64(), p["steal_pct_max"].as_f64()) {
+                (Some(mean), Some(max)) => format!("{mean:.1} ({max:.1})"),
+                (Some(mean), None) => format!("{mean:.1}"),
+                _ => "-".into(),
+            },
         );
+    }
+    for note in steal_notes(&phases) {
+        println!("{note}");
     }
     let svg = svg_path(&o.out, o.svg.as_deref());
     let runs: Vec<crate::plot::Run> =
@@ -124,4 +143,51 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         "max_updates_per_s": max_rate,
         "phases": phases,
     }))
+}
+
+/// Steal (percentage points of the machine's CPU) by which a phase must exceed the closed loop's before
+/// the sweep says so: a few points come and go in any run.
+const STEAL_NOTE_POINTS: f64 = 5.0;
+
+/// A line for each open-loop phase during which the hypervisor took clearly more of the machine than
+/// during the closed loop the phase's rate was derived from: that phase ran nearer the machine's limit
+/// than its percentage says, and its tail is the host's as much as the system's.
+fn steal_notes(phases: &[Value]) -> Vec<String> {
+    let steal = |p: &Value| p["steal_pct"].as_f64();
+    let Some(base) = phases.first().and_then(steal) else { return Vec::new() };
+    phases
+        .iter()
+        .skip(1)
+        .filter_map(|p| {
+            let s = steal(p)?;
+            (s >= base + STEAL_NOTE_POINTS).then(|| {
+                format!(
+                    "note: during the {} phase the hypervisor took {s:.1} % of the machine's CPU (worst second {:.1} %), \
+                     against {base:.1} % during the closed loop: that phase ran nearer the machine's limit than its \
+                     percentage says",
+                    p["phase"].as_str().unwrap_or("?"),
+                    p["steal_pct_max"].as_f64().unwrap_or(s),
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_only_phases_with_clearly_more_steal_than_the_closed_loop() {
+        let phase = |name: &str, steal: Option<f64>| json!({"phase": name, "steal_pct": steal, "steal_pct_max": steal});
+        let phases = [phase("max (closed loop)", Some(0.5)), phase("25%", Some(4.0)), phase("50%", Some(16.0))];
+        let notes = steal_notes(&phases);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("50% phase") && notes[0].contains("16.0 %") && notes[0].contains("0.5 %"),
+            "{}",
+            notes[0]
+        );
+        assert!(steal_notes(&[phase("max (closed loop)", None), phase("50%", Some(30.0))]).is_empty());
+    }
 }
