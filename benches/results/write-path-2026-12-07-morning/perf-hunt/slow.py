@@ -17,11 +17,11 @@ for l in open(f"{d}/marks.txt"):
     day = datetime.date.today()
     endt = datetime.datetime.combine(day, T(end).time()).replace(tzinfo=datetime.timezone.utc)
     start = endt - datetime.timedelta(seconds=len(secs) + 1)
-    out = subprocess.run(["perf", "script", "-i", f"{d}/perf-{i}.data", "-F", "comm,time,sym", "--ns"],
+    out = subprocess.run(["perf", "script", "-i", f"{d}/perf-{i}.data", "-F", "comm,time,ip,sym", "--ns"],
                          capture_output=True, text=True).stdout
     samples = []
     for line in out.splitlines():
-        mm = re.match(r"\s*(.+?)\s+(\d+)\.(\d+):\s+(\S+.*)?$", line)
+        mm = re.match(r"\s*(.+?)\s+(\d+)\.(\d+):\s+[0-9a-f]+\s*(.*)$", line)
         if not mm: continue
         t = datetime.datetime.fromtimestamp(int(mm.group(2)), datetime.timezone.utc)
         samples.append((t, mm.group(1).strip(), (mm.group(4) or "?").strip()))
