@@ -128,6 +128,7 @@ impl Default for Recorder {
 impl Recorder {
     pub fn new() -> Recorder {
         let now = Instant::now();
+        let cpu = CpuTimes::now();
         Recorder {
             inner: Mutex::new(Inner {
                 started: now,
@@ -144,8 +145,8 @@ impl Recorder {
                 interval_errors: 0,
                 interval_by_op: BTreeMap::new(),
                 series: Vec::new(),
-                cpu_started: CpuTimes::now(),
-                cpu_last_tick: CpuTimes::now(),
+                cpu_started: cpu,
+                cpu_last_tick: cpu,
                 cpu_frozen: None,
             }),
         }
