@@ -148,6 +148,7 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
         },
         "steal_pct": summary.steal_pct.map(|v| round(v, 2)),
         "steal_pct_max": summary.steal_pct_max.map(|v| round(v, 2)),
+        "cpu_busy_pct": summary.cpu_busy_pct.as_ref().map(|v| v.iter().map(|b| round(*b, 1)).collect::<Vec<_>>()),
         "series": summary.series,
     });
     if let (Value::Object(m), Value::Object(e)) = (&mut json, extra) {

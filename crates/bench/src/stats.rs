@@ -86,6 +86,8 @@ pub struct Summary {
     pub steal_pct: Option<f64>,
     /// The same in the window's worst second.
     pub steal_pct_max: Option<f64>,
+    /// How busy each of the machine's CPUs was over the window, in percent (see [`crate::steal`]).
+    pub cpu_busy_pct: Option<Vec<f64>>,
 }
 
 struct OpAcc {
@@ -145,7 +147,7 @@ impl Recorder {
                 interval_errors: 0,
                 interval_by_op: BTreeMap::new(),
                 series: Vec::new(),
-                cpu_started: cpu,
+                cpu_started: cpu.clone(),
                 cpu_last_tick: cpu,
                 cpu_frozen: None,
             }),
@@ -229,7 +231,7 @@ impl Recorder {
         g.interval_by_op.clear();
         g.series.clear();
         g.cpu_started = CpuTimes::now();
-        g.cpu_last_tick = g.cpu_started;
+        g.cpu_last_tick = g.cpu_started.clone();
         g.cpu_frozen = None;
     }
 
@@ -244,7 +246,7 @@ impl Recorder {
         }
         g.last_tick = now;
         let cpu = CpuTimes::now();
-        let steal_pct = steal::pct_between(g.cpu_last_tick, cpu);
+        let steal_pct = steal::pct_between(g.cpu_last_tick.as_ref(), cpu.as_ref());
         g.cpu_last_tick = cpu;
         let s = Second {
             t_s: now.duration_since(g.started).as_secs_f64(),
@@ -283,6 +285,7 @@ impl Recorder {
     pub fn summary(&self) -> Summary {
         let g = self.lock();
         let end = g.frozen.unwrap_or_else(Instant::now);
+        let cpu_end = g.cpu_frozen.clone().or_else(CpuTimes::now);
         let duration_s = end.duration_since(g.started).as_secs_f64().max(1e-6);
         let op_summary = |h: &Histogram<u64>, errors: u64| OpSummary {
             count: h.len(),
@@ -298,8 +301,9 @@ impl Recorder {
             latencies: g.latencies.iter().map(|(k, h)| (k.clone(), LatencySummary::of(h))).collect(),
             counters: g.counters.clone(),
             series: g.series.clone(),
-            steal_pct: steal::pct_between(g.cpu_started, g.cpu_frozen.or_else(CpuTimes::now)),
+            steal_pct: steal::pct_between(g.cpu_started.as_ref(), cpu_end.as_ref()),
             steal_pct_max: g.series.iter().filter_map(|s| s.steal_pct).reduce(f64::max),
+            cpu_busy_pct: steal::busy_between(g.cpu_started.as_ref(), cpu_end.as_ref()),
         }
     }
 }

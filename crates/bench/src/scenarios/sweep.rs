@@ -55,6 +55,7 @@ fn phase_json(label: &str, target_rate: Option<f64>, s: &Summary, open: Option<&
         "backlog_at_end": open.map(|o| o.backlog_at_end),
         "steal_pct": s.steal_pct,
         "steal_pct_max": s.steal_pct_max,
+        "cpu_busy_pct": s.cpu_busy_pct.as_ref().map(|v| v.iter().map(|b| (b * 10.0).round() / 10.0).collect::<Vec<_>>()),
         "series": s.series,
     })
 }
@@ -93,7 +94,7 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         o.duration.as_secs()
     );
     println!(
-        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>14}",
+        "{:<18} {:>11} {:>11} {:>9} {:>9} {:>9} {:>10} {:>8} {:>8} {:>14} {:>14}",
         "phase",
         "target/s",
         "achieved/s",
@@ -103,11 +104,12 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
         "p99.9 ms",
         "errors",
         "backlog",
-        "steal % (max)"
+        "steal % (max)",
+        "CPUs busy %"
     );
     for p in &phases {
         println!(
-            "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8} {:>14}",
+            "{:<18} {:>11} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>8} {:>8} {:>14} {:>14}",
             p["phase"].as_str().unwrap_or(""),
             p["target_rate"].as_f64().map(|r| format!("{r:.0}")).unwrap_or_else(|| "max".into()),
             p["achieved_per_s"].as_f64().unwrap_or(0.0),
@@ -122,9 +124,10 @@ async fn run_on<T: Target>(o: &SweepOpts, target: T, version: &str) -> anyhow::R
                 (Some(mean), None) => format!("{mean:.1}"),
                 _ => "-".into(),
             },
+            busy_cell(&p["cpu_busy_pct"]),
         );
     }
-    for note in steal_notes(&phases) {
+    for note in steal_notes(&phases).into_iter().chain(packing_notes(&phases)) {
         println!("{note}");
     }
     let svg = svg_path(&o.out, o.svg.as_deref());
@@ -173,6 +176,45 @@ fn steal_notes(phases: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// Each CPU's busy share, in the kernel's order ("98/61"), or "-" where it was not read.
+fn busy_cell(v: &Value) -> String {
+    match v.as_array() {
+        Some(a) if !a.is_empty() => {
+            a.iter().map(|b| format!("{:.0}", b.as_f64().unwrap_or(0.0))).collect::<Vec<_>>().join("/")
+        }
+        _ => "-".into(),
+    }
+}
+
+/// How busy a CPU must be to count as full, in percent.
+const FULL_CPU_PCT: f64 = 95.0;
+/// How far (percentage points) another CPU must be below a full one before the sweep calls the phase
+/// packed.
+const PACKED_GAP_POINTS: f64 = 25.0;
+
+/// A line for each phase in which one CPU was full while another was clearly not: the kernel kept the
+/// work on fewer CPUs than the machine has, so the threads on the full one queued for it while the
+/// other idled. Such a phase has less headroom where its threads run than the machine's idle time
+/// suggests, and its tail shows it.
+fn packing_notes(phases: &[Value]) -> Vec<String> {
+    phases
+        .iter()
+        .filter_map(|p| {
+            let busy: Vec<f64> = p["cpu_busy_pct"].as_array()?.iter().filter_map(Value::as_f64).collect();
+            let most = busy.iter().copied().reduce(f64::max)?;
+            let least = busy.iter().copied().reduce(f64::min)?;
+            (most >= FULL_CPU_PCT && least <= most - PACKED_GAP_POINTS).then(|| {
+                format!(
+                    "note: during the {} phase one CPU was {most:.0} % busy while another was {least:.0} %: the \
+                     kernel kept the work on fewer CPUs than the machine has, so threads queued on the full one \
+                     while the other idled",
+                    p["phase"].as_str().unwrap_or("?"),
+                )
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +231,21 @@ mod tests {
             notes[0]
         );
         assert!(steal_notes(&[phase("max (closed loop)", None), phase("50%", Some(30.0))]).is_empty());
+    }
+
+    #[test]
+    fn notes_only_phases_with_one_cpu_full_and_another_clearly_not() {
+        let phase = |name: &str, busy: Value| json!({"phase": name, "cpu_busy_pct": busy});
+        let phases = [
+            phase("max (closed loop)", json!([95.0, 86.0])),
+            phase("25%", json!([70.0, 30.0])),
+            phase("50%", json!([99.0, 62.0])),
+            phase("75%", Value::Null),
+        ];
+        let notes = packing_notes(&phases);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("50% phase one CPU was 99 % busy while another was 62 %"), "{}", notes[0]);
+        assert_eq!(busy_cell(&phases[2]["cpu_busy_pct"]), "99/62");
+        assert_eq!(busy_cell(&Value::Null), "-");
     }
 }
