@@ -100,6 +100,12 @@ impl IntoResponse for ApiError {
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
         }
+        if matches!(self, ApiError::TooLarge(_)) {
+            // The rest of the body was never read, so this connection cannot carry another request:
+            // said in the answer, a client does not send its next one on it (and lose it when the
+            // connection closes under it). See http::serve, "How a connection ends".
+            resp.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
         resp
     }
 }
@@ -157,5 +163,12 @@ mod tests {
             let (s, c) = e.classify();
             assert_eq!((s.as_u16(), c), (status, code), "{e}");
         }
+    }
+
+    #[test]
+    fn only_a_refused_body_closes_the_connection() {
+        let close = |e: ApiError| e.into_response().headers().get("connection").map(|v| v.as_bytes().to_vec());
+        assert_eq!(close(ApiError::TooLarge(1)), Some(b"close".to_vec()));
+        assert_eq!(close(TwinError::InvalidArgument("x".into()).into()), None);
     }
 }

@@ -10,6 +10,15 @@
 //! authenticated connection may idle `idle_timeout` between requests. Request bodies are read only
 //! after the credential check, at most [`super::BODY_LIMIT`] bytes, and each chunk must come within
 //! `handshake_timeout`.
+//!
+//! # How a connection ends
+//! A request refused for its body (too large) is answered before the client has sent all of it. If
+//! the server then closed the socket with those bytes unread, the kernel would answer them with a
+//! reset, and a reset makes the client's kernel drop what it had received but not yet handed over:
+//! the client would see a broken connection instead of the 413. So, like a web server's lingering
+//! close, a connection that ends, whichever way, shuts down its sending side first and then reads and
+//! drops what still comes, until the client closes too, for at most [`LINGER_TIME`] and
+//! [`LINGER_BYTES`], still holding its slot of the gate.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,6 +40,10 @@ use crate::net::{ConnGate, ConnPermit, NetLimits};
 
 /// How long shutdown waits for in-flight requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long, and how many bytes, an ending connection reads and drops after shutting down its
+/// sending side (see "How a connection ends" above).
+const LINGER_TIME: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1024 * 1024;
 /// Largest request head (request line and headers) hyper buffers for HTTP/1.1.
 const MAX_HEAD: usize = 64 * 1024;
 /// HTTP/2 limits: concurrent streams per connection and the size of a header list.
@@ -99,16 +112,63 @@ impl Drop for InFlight {
     }
 }
 
-/// The transport with every successful read and write recorded as activity.
-struct Watched<S> {
-    inner: S,
+/// The transport with every successful read and write recorded as activity. When it is dropped (the
+/// connection ended, whichever way) it lingers (see "How a connection ends" above).
+struct Watched<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
+    /// Always `Some` until the drop hands it to the lingering task.
+    inner: Option<S>,
     state: Arc<ConnState>,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Watched<S> {
+    fn new(inner: S, state: Arc<ConnState>) -> Watched<S> {
+        Watched { inner: Some(inner), state }
+    }
+
+    fn io(&mut self) -> Pin<&mut S> {
+        match self.inner.as_mut() {
+            Some(io) => Pin::new(io),
+            // Only the drop takes it, and nothing polls a value being dropped.
+            None => unreachable!("a connection's transport used after it was dropped"),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Drop for Watched<S> {
+    fn drop(&mut self) {
+        let (Some(io), Ok(runtime)) = (self.inner.take(), tokio::runtime::Handle::try_current()) else { return };
+        // The gate slot stays taken while the socket lingers.
+        let state = self.state.clone();
+        runtime.spawn(async move {
+            linger(io).await;
+            drop(state);
+        });
+    }
+}
+
+/// Shuts down the sending side of `io`, then reads and drops what the peer still sends until it
+/// closes, fails, or [`LINGER_TIME`] or [`LINGER_BYTES`] run out; then the socket is closed.
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let drain = async {
+        // A connection that already shut down (hyper does on a clean end) fails here harmlessly.
+        let _ = io.shutdown().await;
+        let mut scratch = [0u8; 8 * 1024];
+        let mut left = LINGER_BYTES;
+        while left > 0 {
+            match io.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Watched<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let r = self.io().poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.state.touch();
         }
@@ -116,33 +176,33 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        let r = self.io().poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.state.touch();
         }
         r
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.io().poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.io().poll_shutdown(cx)
     }
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        let r = self.io().poll_write_vectored(cx, bufs);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.state.touch();
         }
         r
     }
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.inner.as_ref().is_some_and(|io| io.is_write_vectored())
     }
 }
 
@@ -219,7 +279,7 @@ pub async fn serve(
                 }
             };
             state.touch();
-            let io = TokioIo::new(Watched { inner: stream, state: state.clone() });
+            let io = TokioIo::new(Watched::new(stream, state.clone()));
             let conn = builder.serve_connection_with_upgrades(io, service);
             let watchdog = idle_watchdog(state, limits.handshake_timeout, limits.idle_timeout);
             tokio::select! {
