@@ -8,13 +8,12 @@
 //! then far closer to the machine's limit than its label says, and its tail says more about the host
 //! than about the system under test. Every per-second line and every phase therefore carries the
 //! steal of its own interval, so such a run can be told apart from a slow server.
+//!
+//! Each CPU's busy share matters for the same reason. A guest kernel may keep a partly loaded machine's
+//! work on fewer CPUs than it has (to spare the host): then one CPU runs flat out, with threads queued
+//! on it, while another is partly idle, and a phase at "half" of the maximum has no headroom where its
+//! threads run although the machine as a whole looks a fifth idle.
 
-///
-/// Each CPU's busy share matters for the same reason. A guest kernel may keep a partly loaded machine's
-/// work on fewer CPUs than it has (to spare the host): then one CPU runs flat out, with threads queued
-/// on it, while another is partly idle, and a phase at "half" of the maximum has no headroom where its
-/// threads run although the machine as a whole looks a fifth idle.
-///
 /// The machine's CPU time since boot, in the kernel's clock ticks: all CPUs together, and each one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuTimes {
