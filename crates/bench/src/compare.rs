@@ -86,7 +86,8 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
         opts.duration.as_secs()
     );
     let me = std::process::id();
-    let (srv_cpu0, cli_cpu0, wall0) = (procs::cpu_of(pids), procs::cpu_secs(me), std::time::Instant::now());
+    let each0: Vec<f64> = pids.iter().map(|p| procs::cpu_secs(*p)).collect();
+    let (cli_cpu0, wall0) = (procs::cpu_secs(me), std::time::Instant::now());
     let (workers, all_ok) = loadgen::closed(
         workers,
         rec.clone(),
@@ -97,7 +98,8 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
     .await;
     let rss = procs::rss_of(pids);
     let wall = wall0.elapsed().as_secs_f64();
-    let (srv_cpu, cli_cpu) = (procs::cpu_of(pids) - srv_cpu0, procs::cpu_secs(me) - cli_cpu0);
+    let each: Vec<f64> = pids.iter().zip(&each0).map(|(p, c0)| procs::cpu_secs(*p) - c0).collect();
+    let (srv_cpu, cli_cpu) = (each.iter().sum::<f64>(), procs::cpu_secs(me) - cli_cpu0);
     drop(workers);
     // Trailing notifications.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -136,8 +138,11 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
             "client_cpu_s": round(cli_cpu, 2),
             "servers_cores_busy": round(srv_cpu / wall.max(1e-6), 2),
             "client_cores_busy": round(cli_cpu / wall.max(1e-6), 2),
-            "servers_cpu_ms_per_update": if all_ok > 0 { round(srv_cpu * 1000.0 / all_ok as f64, 4) } else { 0.0 },
-            "client_cpu_ms_per_update": if all_ok > 0 { round(cli_cpu * 1000.0 / all_ok as f64, 4) } else { 0.0 },
+            "servers_cpu_ms_per_update": ms_per_update(srv_cpu, all_ok),
+            "client_cpu_ms_per_update": ms_per_update(cli_cpu, all_ok),
+            // Which server does the work: a leader serves every write, the others replicate them
+            // and pass on the writes their clients send them.
+            "each_server_cpu_ms_per_update": each.iter().map(|c| ms_per_update(*c, all_ok)).collect::<Vec<_>>(),
         },
         "watch": {
             "kind": if opts.no_watch { "none (--no-watch)".to_string() } else { target.watch_kind() },
@@ -155,6 +160,14 @@ async fn measure<T: Target>(target: T, opts: &CompareOpts, pids: &[u32], extra: 
         m.extend(e);
     }
     Ok(SystemResult { name: name.to_string(), json, summary })
+}
+
+/// CPU milliseconds per acknowledged update, to four decimals (0 when nothing was acknowledged).
+fn ms_per_update(cpu_s: f64, updates: u64) -> f64 {
+    if updates == 0 {
+        return 0.0;
+    }
+    round(cpu_s * 1000.0 / updates as f64, 4)
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -505,7 +518,14 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_systems, some_stall_us, System};
+    use super::{ms_per_update, parse_systems, some_stall_us, System};
+
+    #[test]
+    fn cpu_per_update_is_in_milliseconds_and_zero_without_updates() {
+        assert_eq!(ms_per_update(1.5, 20_000), 0.075);
+        assert_eq!(ms_per_update(1.0, 3), 333.3333);
+        assert_eq!(ms_per_update(2.0, 0), 0.0);
+    }
 
     #[test]
     fn the_stall_total_is_read_from_the_some_line_of_a_psi_file() {
