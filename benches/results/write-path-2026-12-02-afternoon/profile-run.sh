@@ -1,7 +1,7 @@
 #!/bin/bash
-# profile-run.sh BUILD_DIR LABEL: a twinhub-only compare ([SC=N]: at N shards, else the default); perf (DWARF, [HZ=N] Hz, else 149) on the 3 nodes ([ON=bench]: on the load generator instead) for 8 s of its window; folded stacks in /tmp/prof-LABEL/folded.gz
+# profile-run.sh BUILD_DIR LABEL: a twinhub-only compare of [C=N] workers, else 64 ([SC=N]: at N shards, else the default); perf (DWARF, [HZ=N] Hz, else 149) on the 3 nodes ([ON=bench]: on the load generator instead) for 8 s of its window; folded stacks in /tmp/prof-LABEL/folded.gz
 BD=$1; L=$2; W=/tmp/prof-$L; rm -rf $W; mkdir -p $W
-TWINHUB_BIN=$BD/twinhub $BD/twinhub bench compare --systems twinhub --duration 30 --concurrency 64 --twins 10000 --value-bytes 200 ${SC:+--shard-count $SC} --out $W/c.json > $W/c.txt 2> $W/c.log &
+TWINHUB_BIN=$BD/twinhub $BD/twinhub bench compare --systems twinhub --duration 30 --concurrency ${C:-64} --twins 10000 --value-bytes 200 ${SC:+--shard-count $SC} --out $W/c.json > $W/c.txt 2> $W/c.log &
 B=$!
 until grep -q "closed loop" $W/c.log 2>/dev/null; do kill -0 $B 2>/dev/null || { tail $W/c.log; exit 1; }; sleep 1; done
 sleep 10

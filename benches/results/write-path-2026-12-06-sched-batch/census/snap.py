@@ -30,7 +30,8 @@ for k,(role,comm,v,nv,cpu) in b.items():
     _,_,v0,nv0,c0=a[k]
     import re
     name=re.sub(r'[-_:]?\d+$','',comm)
-    key=(('client' if role=='twinhub-bench' else 'node'),name)
+    # BY=node in the environment: each node apart (keyed by its process id) instead of all nodes together
+    key=(('client' if role=='twinhub-bench' else (role if os.environ.get('BY')=='node' else 'node')),name)
     g=agg[key]; g[0]+=v-v0; g[1]+=nv-nv0; g[2]+=cpu-c0; g[3]+=1
 tv=sum(g[0] for g in agg.values()); tn=sum(g[1] for g in agg.values())
 print(f'window {dt:.1f}s  voluntary {tv/dt:.0f}/s involuntary {tn/dt:.0f}/s')
