@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # metrics.py OUT: every second, from each running twinhub node's /metrics: the shard's log, commit, apply and
 # snapshot indexes, its largest replica lag, and the means over that second of its fsyncs, its outgoing
-# inter-node calls and its HTTP requests (sum/count deltas), one line per node.
+# inter-node calls and its HTTP requests (sum/count deltas), and how many of its storage rounds' writes and
+# fsyncs that second took over 5, 10 and 25 ms (histogram bucket deltas: slow=n5/n10/n25), one line per node.
 import os, sys, time, re, ssl, urllib.request
 out = open(sys.argv[1], "w")
 ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
@@ -32,6 +33,12 @@ while True:
             out.write(f"{time.strftime('%H:%M:%S')} n{node} error {type(e).__name__}\n"); continue
         vals = {}; sums = {}
         for l in body.splitlines():
+            for h in ("twinhub_storage_write_seconds", "twinhub_storage_fsync_seconds"):
+                if l.startswith(h + "_bucket{"):
+                    le = l.split('le="')[1].split('"')[0]
+                    if le in ("0.005", "0.01", "0.025", "+Inf"):
+                        sums[f"{h[16:-8]}_le{le}"] = sums.get(f"{h[16:-8]}_le{le}", 0) + float(l.rsplit(" ", 1)[1])
+        for l in body.splitlines():
             if l.startswith("#") or not l.strip(): continue
             k, v = l.rsplit(" ", 1)
             base = k.split("{")[0]
@@ -47,6 +54,12 @@ while True:
             s, c = mname[8:] + "_s", mname[8:] + "_n"
             if s in sums and s in p and sums[c] > p[c]:
                 parts.append(f"{mname[8:-8]}={sums[c]-p[c]:.0f}/s,{1000*(sums[s]-p[s])/(sums[c]-p[c]):.2f}ms")
+        for h in ("write", "fsync"):
+            k = f"{h}_le+Inf"
+            if k in sums and k in p:
+                tot = sums[k] - p[k]
+                over = [tot - (sums[f"{h}_le{le}"] - p.get(f"{h}_le{le}", 0)) for le in ("0.005", "0.01", "0.025")]
+                parts.append(f"{h}_slow=" + "/".join(f"{o:.0f}" for o in over))
         out.write(f"{time.strftime('%H:%M:%S')} n{node} " + " ".join(parts) + "\n")
     out.flush()
     time.sleep(max(0.05, 1 - (time.time() - t0)))
