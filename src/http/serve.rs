@@ -125,12 +125,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> Watched<S> {
         Watched { inner: Some(inner), state }
     }
 
-    fn io(&mut self) -> Pin<&mut S> {
-        match self.inner.as_mut() {
-            Some(io) => Pin::new(io),
-            // Only the drop takes it, and nothing polls a value being dropped.
-            None => unreachable!("a connection's transport used after it was dropped"),
-        }
+    /// The transport. Only the drop takes it, and nothing polls a value being dropped; should that
+    /// ever change, the poll fails with an I/O error rather than panicking the connection's task.
+    fn io(&mut self) -> std::io::Result<Pin<&mut S>> {
+        self.inner
+            .as_mut()
+            .map(Pin::new)
+            .ok_or_else(|| std::io::Error::other("a connection's transport used after it was dropped"))
     }
 }
 
@@ -168,7 +169,10 @@ async fn linger<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
 impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Watched<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
-        let r = self.io().poll_read(cx, buf);
+        let r = match self.io() {
+            Ok(io) => io.poll_read(cx, buf),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.state.touch();
         }
@@ -178,24 +182,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for Watched<S
 
 impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        let r = self.io().poll_write(cx, buf);
+        let r = match self.io() {
+            Ok(io) => io.poll_write(cx, buf),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.state.touch();
         }
         r
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.io().poll_flush(cx)
+        match self.io() {
+            Ok(io) => io.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.io().poll_shutdown(cx)
+        match self.io() {
+            Ok(io) => io.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let r = self.io().poll_write_vectored(cx, bufs);
+        let r = match self.io() {
+            Ok(io) => io.poll_write_vectored(cx, bufs),
+            Err(e) => return Poll::Ready(Err(e)),
+        };
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.state.touch();
         }
