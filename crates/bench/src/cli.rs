@@ -238,6 +238,14 @@ pub enum BenchCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// How fast this machine is right now: the probe `compare` takes before each system (a hand-off
+    /// between two threads on one CPU and across two, integer arithmetic, a memory walk), printed as
+    /// one line and one JSON object a time; to read the hour a run was taken in.
+    Probe {
+        /// Probes to take, one after the other.
+        #[arg(long, default_value_t = 1)]
+        repeat: u32,
+    },
 }
 
 pub fn main(cmd: BenchCommand) -> ExitCode {
@@ -437,6 +445,14 @@ pub fn main(cmd: BenchCommand) -> ExitCode {
             })
             .await
             .map(|_| ()),
+            BenchCommand::Probe { repeat } => {
+                for _ in 0..repeat.max(1) {
+                    let p = tokio::task::spawn_blocking(|| crate::probe::run(&crate::probe::DEFAULT)).await?;
+                    eprintln!("{}", p.line());
+                    println!("{}", p.to_json());
+                }
+                Ok(())
+            }
         }
     });
     match r {

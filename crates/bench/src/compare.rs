@@ -16,6 +16,7 @@ use crate::peers::etcd::EtcdCluster;
 use crate::peers::nats::NatsCluster;
 use crate::peers::twinhub::{default_bin, TwinhubCluster};
 use crate::plot;
+use crate::probe;
 use crate::procs;
 use crate::stats::{Recorder, Summary};
 use crate::targets::etcd::Etcd;
@@ -227,6 +228,7 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         // The first system too: whatever ran before the compare (a build, another compare) may have
         // left the disk busy, and every system starts on the same terms.
         let settled = settle_disk(system.name()).await;
+        let probe = take_probe(system.name()).await;
         let r = match system {
             System::Twinhub => run_twinhub(&opts).await,
             System::Etcd => run_etcd(&opts).await,
@@ -235,6 +237,7 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         match r {
             Ok(mut r) => {
                 r.json["disk_settle_s"] = json!(round(settled.as_secs_f64(), 1));
+                r.json["machine_probe"] = probe.as_ref().map(probe::Probe::to_json).unwrap_or(Value::Null);
                 results.push(r)
             }
             Err(e) => {
@@ -307,6 +310,21 @@ pub async fn run(opts: CompareOpts) -> anyhow::Result<Value> {
         anyhow::bail!("{failures} of the systems failed (see `failed` in {})", opts.out.display());
     }
     Ok(out)
+}
+
+/// The machine's speed just before `next` starts ([`probe`]), on the quiet machine that
+/// [`settle_disk`] left; `None` (and a line saying so) if the probe's thread could not run.
+async fn take_probe(next: &str) -> Option<probe::Probe> {
+    match tokio::task::spawn_blocking(|| probe::run(&probe::DEFAULT)).await {
+        Ok(p) => {
+            eprintln!("compare: machine before {next}: {}", p.line());
+            Some(p)
+        }
+        Err(e) => {
+            eprintln!("compare: the machine probe before {next} did not run ({e}); going on");
+            None
+        }
+    }
 }
 
 /// The longest [`settle_disk`] waits.
@@ -495,6 +513,21 @@ pub fn table(out: &Value, results: &[SystemResult]) -> String {
         }
     }
     let _ = writeln!(s, "(RSS: sum of VmRSS of the 3 server processes at the end of the window; CPU ms/u: CPU milliseconds per acknowledged update, servers summed / this client; steal: the hypervisor's share of the machine's CPU over the window, which slows every system in it)");
+    let _ = writeln!(s, "\nmachine before each system (the same probe each time; larger is slower):");
+    for r in results {
+        let p = &r.json["machine_probe"];
+        let f = |k: &str, d: usize| p[k].as_f64().map(|v| format!("{v:.d$}")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            s,
+            "  {:<12} hand-off {} µs on one CPU, {} across; compute {} ns/step; memory walk {} / {} ns a step (small / large)",
+            r.name,
+            f("handoff_same_cpu_us", 2),
+            f("handoff_cross_cpu_us", 2),
+            f("compute_ns_per_step", 3),
+            f("walk_small_ns_per_step", 1),
+            f("walk_large_ns_per_step", 1)
+        );
+    }
     let _ = writeln!(s, "\nclients:");
     for r in results {
         let _ = writeln!(s, "  {:<12} {}", r.name, r.json["protocol"].as_str().unwrap_or(""));

@@ -21,6 +21,7 @@ pub mod loadgen;
 pub mod mqtt;
 pub mod peers;
 pub mod plot;
+pub mod probe;
 pub mod procs;
 pub mod progress;
 pub mod sas;
