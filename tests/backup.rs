@@ -1,7 +1,8 @@
 //! `twinhub backup` and `twinhub restore` against real clusters: a backup of a 3-node cluster taken
 //! while writes run, restored into a new 3-node cluster, holds every write acknowledged before the
 //! backup began and none twice; jobs, configurations and device keys come along; damaged files and
-//! non-empty targets are refused without touching anything.
+//! non-empty targets are refused without touching anything, and so are pages whose counters (etags,
+//! `$version`s) are past what a later increment could take without wrapping around.
 
 use twinhub_testkit as common;
 
@@ -97,6 +98,27 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
 
     // Restore into a new cluster; a non-empty one is refused.
     let b = Cluster::up(3, SHARDS);
+
+    // A page or metadata record whose counters could wrap around later (a damaged or hand-made backup) is
+    // refused with the counter named, and nothing of it is taken.
+    let (shard, page) = first_page_with_devices(&api).await;
+    let victim = page["devices"].as_object().and_then(|d| d.keys().next().cloned()).unwrap();
+    let path = format!("/cluster/restore/shards/{shard}");
+    let mut forged = page.clone();
+    forged["etag_seq"] = json!(u64::MAX);
+    let r = b.api(1).send("POST", &path, Some(&forged), &[]).await;
+    assert!(r.status == 400 && r.text.contains("etag_seq is 18446744073709551615"), "{} {}", r.status, r.text);
+    let mut forged = page.clone();
+    forged["devices"][&victim]["twin"]["version"] = json!(i64::MAX);
+    let r = b.api(2).send("POST", &path, Some(&forged), &[]).await;
+    assert!(r.status == 400 && r.text.contains(&format!("device {victim}'s twin $version")), "{} {}", r.status, r.text);
+    let mut meta = api.must_get("/cluster/backup/meta").await;
+    meta["configs"]["etag_seq"] = json!(1u64 << 60);
+    let r = b.api(1).send("POST", "/cluster/restore/meta", Some(&meta), &[]).await;
+    assert!(r.status == 400 && r.text.contains("configurations' etag_seq"), "{} {}", r.status, r.text);
+    b.api(3).must(404, "GET", &format!("/twins/{victim}"), None, &[]).await;
+    b.api(3).must(404, "GET", "/configurations/keep", None, &[]).await;
+
     let (dir, input) = (b.dir.clone(), file.clone());
     let (ok, text) = tokio::task::spawn_blocking(move || {
         run(&["restore", "--dir", dir.to_str().unwrap(), "--in", input.to_str().unwrap()])
@@ -133,4 +155,16 @@ async fn a_backup_under_load_restores_every_acknowledged_write_once() {
     assert!(desired_version(&t) >= 2 && desired_version(&restored) >= 2);
     a.assert_no_panics();
     b.assert_no_panics();
+}
+
+/// The first shard of the cluster behind `api` that holds a device, and its first backup page.
+async fn first_page_with_devices(api: &Api) -> (u32, Value) {
+    let shards = api.must_get("/cluster/backup").await["shardCount"].as_u64().unwrap() as u32;
+    for shard in 0..shards {
+        let r = api.must_get(&format!("/cluster/backup/shards/{shard}?limit=2")).await;
+        if r["page"]["devices"].as_object().is_some_and(|d| !d.is_empty()) {
+            return (shard, r["page"].clone());
+        }
+    }
+    panic!("no shard of {shards} holds a device");
 }

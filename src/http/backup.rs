@@ -79,6 +79,7 @@ pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: By
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
     let meta: MetaBackup =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
+    meta.check_counters().map_err(ApiError::BadRequest)?;
     let meta_json = serde_json::to_string(&meta).map_err(|e| ApiError::Internal(e.to_string()))?;
     st.twins()?.propose_meta(Op::RestoreMeta { meta_json }).await??;
     Ok(ok_json(&json!({"restored": "meta"})))
@@ -94,6 +95,7 @@ pub async fn restore_shard(
     let shard = shard_arg(&st, shard)?;
     let page: BackupPage =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
+    page.check_counters().map_err(ApiError::BadRequest)?;
     let twins = st.twins()?;
     if let Some(stray) = page.devices.keys().find(|d| twins.shard_of(d) != shard) {
         return Err(ApiError::BadRequest(format!(

@@ -34,6 +34,67 @@ pub struct MetaBackup {
     pub configs: ConfigsState,
 }
 
+/// The largest counter (etag, `$version`, job count) a restore takes: 2^53 − 1, the largest integer
+/// every JSON reader holds exactly (JavaScript and the SDKs read numbers as doubles). A cluster taking
+/// a million writes a second would need centuries to count that far, so a larger one comes from a
+/// damaged or hand-made backup; taken as it is, a later increment would wrap around and hand out an
+/// etag or a `$version` again.
+pub const MAX_RESTORED_COUNTER: u64 = (1 << 53) - 1;
+
+/// Why a restore refuses a page: the first counter out of range, by where it is.
+fn counter(what: impl FnOnce() -> String, value: i128) -> Result<(), String> {
+    if (0..=i128::from(MAX_RESTORED_COUNTER)).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{} is {value}: a restored counter must be from 0 to {MAX_RESTORED_COUNTER}", what()))
+    }
+}
+
+fn twin_counters(at: &dyn Fn() -> String, t: &super::registry::TwinDoc) -> Result<(), String> {
+    counter(|| format!("{} etag", at()), t.etag.into())?;
+    counter(|| format!("{} $version", at()), t.version.into())?;
+    counter(|| format!("{} desired $version", at()), t.desired_version.into())?;
+    counter(|| format!("{} reported $version", at()), t.reported_version.into())
+}
+
+impl BackupPage {
+    /// Checks every counter the page would set against [`MAX_RESTORED_COUNTER`], naming the first one
+    /// out of range.
+    pub fn check_counters(&self) -> Result<(), String> {
+        counter(|| "the page's etag_seq".into(), self.etag_seq.into())?;
+        for (id, d) in &self.devices {
+            twin_counters(&|| format!("device {id}'s twin"), &d.twin)?;
+            for (mid, m) in &d.modules {
+                twin_counters(&|| format!("module {id}/{mid}'s twin"), &m.twin)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MetaBackup {
+    /// As [`BackupPage::check_counters`], for the jobs' statistics and the configurations' etags.
+    pub fn check_counters(&self) -> Result<(), String> {
+        counter(|| "the configurations' etag_seq".into(), self.configs.etag_seq.into())?;
+        for (id, c) in &self.configs.configs {
+            counter(|| format!("configuration {id}'s etag"), c.etag.into())?;
+        }
+        for (id, j) in &self.jobs.jobs {
+            let s = &j.stats;
+            for (name, v) in [
+                ("device_count", s.device_count),
+                ("failed", s.failed),
+                ("succeeded", s.succeeded),
+                ("running", s.running),
+                ("pending", s.pending),
+            ] {
+                counter(|| format!("job {id}'s {name}"), v.into())?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ShardState {
     /// At most `limit` devices after `after`, in id order.
     pub fn backup_page(&self, after: Option<&str>, limit: usize) -> BackupPage {

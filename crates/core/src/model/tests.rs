@@ -1170,3 +1170,35 @@ fn twin_text_is_the_rendered_document_byte_for_byte() {
         assert_eq!(serde_json::to_string(&tree).unwrap(), want, "{id:?}: tree");
     }
 }
+
+// ---------------------------------------------------------------- restored counters
+
+#[test]
+fn a_restore_takes_counters_up_to_the_json_safe_bound_and_names_the_first_past_it() {
+    use super::backup::{MetaBackup, MAX_RESTORED_COUNTER};
+    let mut f = Fixture::with_device("d1");
+    f.must(Op::PutModule { module: module_spec("d1", "m1"), if_match: None });
+    let page = f.state.backup_page(None, 10);
+    assert_eq!(page.check_counters(), Ok(()));
+
+    let mut at_bound = page.clone();
+    at_bound.etag_seq = MAX_RESTORED_COUNTER;
+    at_bound.devices.get_mut("d1").unwrap().twin.version = MAX_RESTORED_COUNTER as i64;
+    assert_eq!(at_bound.check_counters(), Ok(()));
+
+    let mut forged = page.clone();
+    forged.etag_seq = u64::MAX;
+    let e = forged.check_counters().unwrap_err();
+    assert!(e.starts_with("the page's etag_seq is 18446744073709551615"), "{e}");
+
+    let mut forged = page.clone();
+    forged.devices.get_mut("d1").unwrap().modules.get_mut("m1").unwrap().twin.reported_version = -1;
+    let e = forged.check_counters().unwrap_err();
+    assert!(e.starts_with("module d1/m1's twin reported $version is -1"), "{e}");
+
+    let mut meta = MetaBackup::default();
+    assert_eq!(meta.check_counters(), Ok(()));
+    meta.configs.etag_seq = MAX_RESTORED_COUNTER + 1;
+    let e = meta.check_counters().unwrap_err();
+    assert!(e.starts_with("the configurations' etag_seq is 9007199254740992"), "{e}");
+}

@@ -188,7 +188,8 @@ where
             heap.push(Reverse((k, i)));
         }
     }
-    let emitted = cursor.map_or(0, |c| c.emitted) + items.len() as u64;
+    // `emitted` comes back from the client inside the continuation token: saturate rather than trust it.
+    let emitted = cursor.map_or(0, |c| c.emitted).saturating_add(items.len() as u64);
     let top_reached = top.is_some_and(|t| emitted >= t);
     let next = match last {
         Some(last) if !heap.is_empty() && !top_reached => Some(Cursor::new(query_fingerprint, last, emitted)),
@@ -273,6 +274,15 @@ mod tests {
         assert_eq!((exact.items.len(), exact.next), (5, None));
         let zero = merge_page(shards.to_vec(), None, 5, Some(0), 1);
         assert_eq!((zero.items.len(), zero.next), (0, None));
+    }
+
+    #[test]
+    fn a_forged_count_in_the_token_neither_panics_nor_wraps() {
+        let shards = [shard(&["a", "c", "e"]), shard(&["b", "d"])];
+        let forged = Cursor::new(1, k("a"), u64::MAX);
+        let p = merge_page(shards.to_vec(), Some(&forged), 2, None, 1);
+        assert_eq!(p.items, vec![json!("b"), json!("c")]);
+        assert_eq!(p.next.map(|c| c.emitted), Some(u64::MAX));
     }
 
     #[test]
