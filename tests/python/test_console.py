@@ -2,7 +2,7 @@
 driven over WebDriver by Selenium, against the real twinhub binary.
 
 It walks what a new user does: open /console, sign in with the printed connection string, create a
-device, open its twin, edit desired properties (and meet a conflict when someone else wrote first),
+device, create and delete its modules, open its twin, edit desired properties (and meet a conflict when someone else wrote first),
 watch a reported change from the official device SDK appear live, run a query (and see a syntax
 error with its position), look at the cluster page, and find a read-only policy unable to write.
 """
@@ -21,6 +21,7 @@ import pytest
 from azure.iot.device import IoTHubDeviceClient
 from azure.iot.hub import IoTHubRegistryManager
 from azure.iot.hub.models import Twin, TwinProperties
+from msrest.exceptions import HttpOperationError
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -165,6 +166,50 @@ def test_a_new_user_signs_in_creates_a_device_edits_its_twin_and_sees_reported_c
         client.shutdown()
     changes = d.find_elements(By.CSS_SELECTOR, "#twin-changes li")
     assert any("reported" in c.text for c in changes), [c.text for c in changes]
+
+
+def test_modules_are_created_and_deleted_on_the_device_page_and_the_device_deleted_with_its_last_module(hub, rm, browser):
+    d = browser
+    d.get(f"https://localhost:{hub.http_port}/console")
+    if visible(d, "sign-out"):
+        d.find_element(By.ID, "sign-out").click()
+    sign_in(d, hub, hub.connection_string)
+    wait_for(d, "the device list", lambda d: visible(d, "page-devices"))
+    dev = f"mod-{uuid.uuid4().hex[:8]}"
+    rm.create_device_with_sas(dev, None, None, "enabled")
+    d.get(f"https://localhost:{hub.http_port}/console#/device/{dev}")
+    wait_for(d, "the device page", lambda d: visible(d, "page-device") and text(d, "device-id") == dev)
+    wait_for(d, "an empty module list", lambda d: "No modules." in text(d, "module-table"))
+
+    def row(mid):
+        return d.find_elements(By.CSS_SELECTOR, f'#module-table tr[data-module="{mid}"]')
+
+    for mid in ("sensor", "actuator"):
+        d.find_element(By.ID, "module-create-id").send_keys(mid)
+        d.find_element(By.CSS_SELECTOR, "#module-create-form button").click()
+        wait_for(d, f"module {mid} in the list", lambda d: row(mid))
+    assert sorted(m.module_id for m in rm.get_modules(dev)) == ["actuator", "sensor"]
+    sensor = row("sensor")[0]
+    key = rm.get_module(dev, "sensor").authentication.symmetric_key.primary_key
+    assert f"DeviceId={dev};ModuleId=sensor;SharedAccessKey={key}" in sensor.text, sensor.text
+
+    # Deleting one module asks first, removes it and its twin, and leaves the other.
+    sensor.find_element(By.CSS_SELECTOR, "button.module-delete").click()
+    d.switch_to.alert.accept()
+    wait_for(d, "the deleted module gone from the list", lambda d: not row("sensor") and row("actuator"))
+    assert [m.module_id for m in rm.get_modules(dev)] == ["actuator"]
+    with pytest.raises(HttpOperationError) as e:
+        rm.get_module_twin(dev, "sensor")
+    assert e.value.response.status_code == 404
+
+    # Deleting the device takes its remaining module with it.
+    d.find_element(By.ID, "device-delete").click()
+    d.switch_to.alert.accept()
+    wait_for(d, "the device list after the delete", lambda d: visible(d, "page-devices"))
+    for call in (lambda: rm.get_device(dev), lambda: rm.get_module(dev, "actuator")):
+        with pytest.raises(HttpOperationError) as e:
+            call()
+        assert e.value.response.status_code == 404
 
 
 def test_query_page_shows_results_as_a_table_and_errors_with_their_position(hub, rm, browser):

@@ -272,11 +272,20 @@ async function devicePage(id) {
     tbody.replaceChildren();
     for (const m of mods) {
       const key = m.authentication?.symmetricKey?.primaryKey;
-      tbody.append(el("tr", {},
+      const del = el("button", { className: "write danger module-delete", on: { click: async () => {
+        if (!confirm(`Delete module ${m.moduleId} of ${id} and its twin?`)) return;
+        try {
+          await api("DELETE", `/devices/${seg(id)}/modules/${seg(m.moduleId)}`, { headers: { "If-Match": "*" } });
+          await loadModules();
+        } catch (e) { showError(e); }
+      } } }, "Delete");
+      tbody.append(el("tr", { "data-module": m.moduleId },
         el("td", {}, el("a", { href: `#/twin/${seg(id)}/${seg(m.moduleId)}` }, m.moduleId)),
         el("td", {}, m.connectionState ?? ""),
-        el("td", {}, key ? connectionString(id, key, m.moduleId) : "")));
+        el("td", {}, key ? connectionString(id, key, m.moduleId) : ""),
+        el("td", {}, del)));
     }
+    if (!mods.length) tbody.append(el("tr", {}, el("td", { colSpan: 4 }, "No modules.")));
   };
   $("module-create-form").onsubmit = async (ev) => {
     ev.preventDefault();
