@@ -34,7 +34,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub owner_key: Option<String>,
     /// Number of shards, each a Raft group, fixed once data exists [default: the count the data directory
-    /// was created with; a node that joins takes the cluster's; a new cluster 8]
+    /// was created with; a node that joins takes the cluster's; a new cluster 1]
     #[arg(long)]
     pub shard_count: Option<u32>,
     /// PEM server certificate chain [default: generated development certificate]
