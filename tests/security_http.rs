@@ -3,7 +3,8 @@
 //!
 //! - random method names without credentials cannot grow `/metrics`;
 //! - half-sent request heads, idle TLS connections and raw TCP sockets are closed after the handshake
-//!   timeout, and one source holds only a few unauthenticated connections;
+//!   timeout, a connection busy with requests that need no credential three handshake timeouts after
+//!   its accept, and one source holds only a few unauthenticated connections;
 //! - uploads without a valid token are answered 401 before their bodies are read;
 //! - filling the HTTPS port's descriptor share leaves MQTT (new and connected devices) and connected
 //!   HTTPS clients working;
@@ -157,6 +158,84 @@ async fn slow_and_idle_connections_are_closed_after_the_handshake_timeout() {
     eprintln!("36 slow/idle connections all closed; the last after {worst:?} (test took {:?})", start.elapsed());
     // The server still serves.
     srv.owner().must_create_device("after-slow").await;
+}
+
+/// Sends `GET path` on a kept-alive HTTP/1.1 connection and reads the answer's head and body; `None`
+/// once the server has closed the connection.
+async fn get_kept_alive(s: &mut Tls, path: &str, auth: Option<&str>) -> Option<u16> {
+    let auth = auth.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    s.flush().await.ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("a content-length");
+            if got.len() >= end + 4 + len {
+                return head.get(9..12).and_then(|c| c.parse().ok());
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_shows_no_credential_is_closed_however_busy_it_keeps() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let ca = tls_connector(&srv.ca_pem);
+    let owner = service_sas(&srv.host_name, "iothubowner", &srv.owner_key, unix_now() + 3600);
+    let lifetime = Duration::from_secs(HANDSHAKE_SECS * 3);
+    // One connection probes /health every 300 ms without a credential, one /metrics, and one proves the
+    // owner's credential once and then probes /health the same way.
+    let mut tasks = Vec::new();
+    for (what, first) in [("health", None), ("metrics", None), ("authenticated", Some(owner))] {
+        let ca = ca.clone();
+        let port = srv.port;
+        tasks.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let mut s = tls_from(&ca, lo(30), port).await.expect("TLS");
+            if let Some(token) = &first {
+                let status = get_kept_alive(&mut s, "/statistics/devices?api-version=2021-04-12", Some(token)).await;
+                assert_eq!(status, Some(200), "{what}: the credential is taken");
+            }
+            let path = if what == "metrics" { "/metrics" } else { "/health" };
+            let mut answered = 0u32;
+            while start.elapsed() < lifetime * 3 {
+                match get_kept_alive(&mut s, path, None).await {
+                    Some(status) => assert_eq!(status, 200, "{what}"),
+                    None => return (what, answered, Some(start.elapsed())),
+                }
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            (what, answered, None)
+        }));
+    }
+    for t in tasks {
+        let (what, answered, closed) = t.await.expect("task");
+        eprintln!("{what}: {answered} probes answered, closed after {closed:?}");
+        if what == "authenticated" {
+            assert_eq!(closed, None, "an authenticated connection stays open while it is used");
+        } else {
+            let at = closed
+                .unwrap_or_else(|| panic!("{what}: unauthenticated connection still open after {:?}", lifetime * 3));
+            assert!(
+                at >= lifetime - Duration::from_millis(500),
+                "{what}: closed after {at:?}, before its {lifetime:?}"
+            );
+            assert!(at <= lifetime + Duration::from_secs(HANDSHAKE_SECS + 2), "{what}: closed only after {at:?}");
+            assert!(answered >= 10, "{what}: only {answered} probes answered before the close");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

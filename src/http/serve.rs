@@ -6,7 +6,9 @@
 //! listener, or its source, holds its maximum). Until one of its requests carries a valid credential
 //! (see [`super::auth_first`]) the connection counts as unauthenticated: it has `handshake_timeout` for
 //! the TLS handshake, and then may sit with no request in flight for at most `handshake_timeout`
-//! again. A request's head must arrive within `handshake_timeout` (hyper's header-read timer). An
+//! again, and is closed three handshake timeouts after the accept whatever it asks for (the routes
+//! that need no credential, `/health`, `/metrics`, the console's files, do not keep it open). A
+//! request's head must arrive within `handshake_timeout` (hyper's header-read timer). An
 //! authenticated connection may idle `idle_timeout` between requests. Request bodies are read only
 //! after the credential check, at most [`super::BODY_LIMIT`] bytes, and each chunk must come within
 //! `handshake_timeout`.
@@ -222,17 +224,35 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncWrite for Watched<
     }
 }
 
-/// Resolves when the connection has been idle (no request in flight, no I/O) for longer than it may:
-/// `unauthenticated` until a request proved a credential, `authenticated` after.
+/// How long a connection may stay unauthenticated, counted from the accept, in handshake timeouts (30 s
+/// by default): time for a page of the console and a few probes of `/health` or `/metrics`. Without it, a
+/// stranger that keeps sending requests that need no credential would hold its slot for ever.
+const UNAUTHENTICATED_LIFETIME: u32 = 3;
+
+/// Resolves when the connection must close: idle (no request in flight, no I/O) for longer than it
+/// may, `unauthenticated` until a request proved a credential and `authenticated` after; or still
+/// unauthenticated [`UNAUTHENTICATED_LIFETIME`] handshake timeouts after the accept, once no request
+/// is in flight (and one handshake timeout later at the latest).
 async fn idle_watchdog(state: Arc<ConnState>, unauthenticated: Duration, authenticated: Duration) {
+    let lifetime = unauthenticated * UNAUTHENTICATED_LIFETIME;
     loop {
-        let allowed = if state.is_authenticated() { authenticated } else { unauthenticated };
+        let authenticated_now = state.is_authenticated();
+        let allowed = if authenticated_now { authenticated } else { unauthenticated };
         let idle = state.idle_for();
-        if state.in_flight.load(Ordering::Relaxed) == 0 && idle >= allowed {
+        let in_flight = state.in_flight.load(Ordering::Relaxed);
+        if in_flight == 0 && idle >= allowed {
             return;
         }
-        let wait = allowed.saturating_sub(idle).max(Duration::from_millis(200));
-        tokio::time::sleep(wait).await;
+        let mut wait = allowed.saturating_sub(idle);
+        if !authenticated_now {
+            let age = state.born.elapsed();
+            if age >= lifetime && (in_flight == 0 || age >= lifetime + unauthenticated) {
+                tracing::debug!(peer = %state.peer, "connection closed: no credential within {lifetime:?}");
+                return;
+            }
+            wait = wait.min(lifetime.saturating_sub(age));
+        }
+        tokio::time::sleep(wait.max(Duration::from_millis(200))).await;
     }
 }
 
