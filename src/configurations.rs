@@ -33,7 +33,7 @@ pub fn target_query(condition: &str) -> String {
     if condition.trim() == ALL_DEVICES {
         "SELECT deviceId FROM devices".to_string()
     } else {
-        format!("SELECT deviceId FROM devices WHERE {condition}")
+        crate::query::condition_query(condition)
     }
 }
 

@@ -270,7 +270,7 @@ async fn call_method(
 
 /// Device ids matching a job's condition, over every shard, in (shard, device id) order.
 async fn matching_devices(twins: &Twins, condition: &str) -> Result<Vec<JobCursor>, ShardError> {
-    let rows = twins.scan(&format!("SELECT deviceId FROM devices WHERE {condition}")).await?;
+    let rows = twins.scan(&query::condition_query(condition)).await?;
     Ok(rows
         .into_iter()
         .filter_map(|(shard, r)| r["deviceId"].as_str().map(|d| JobCursor { shard, device_id: d.to_string() }))

@@ -143,3 +143,35 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
     assert_error(&r, 412, "PreconditionFailed");
     assert_error(&api.send("GET", "/jobs/v2/query?jobStatus=sleeping", None, &[]).await, 400, "ArgumentInvalid");
 }
+
+/// A condition runs inside `SELECT deviceId FROM devices WHERE …`, so it may be at most that much shorter
+/// than a query (8192 characters): one at that length is taken and runs, one a character longer is refused
+/// with the limit, for jobs and configurations alike, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_that_would_make_its_query_too_long_is_refused_before_anything_is_stored() {
+    let server = Server::start(ServerOpts { shard_count: Some(2), ..Default::default() });
+    let api = server.owner();
+    api.must_create_device("long-1").await;
+    let room = 8192 - "SELECT deviceId FROM devices WHERE ".len();
+    let condition = |chars: usize| format!("deviceId = '{}'", "x".repeat(chars - "deviceId = ''".len()));
+    let (fits, over) = (condition(room), condition(room + 1));
+
+    let job = |c: &str| json!({"type": "scheduleUpdateTwin", "queryCondition": c, "updateTwin": {"tags": {"a": 1}}});
+    let r = api.send("PUT", "/jobs/v2/too-long", Some(&job(&over)), &[]).await;
+    assert_error(&r, 400, "ArgumentInvalid");
+    assert!(r.text.contains(&format!("at most {room} characters")), "{}", r.text);
+    assert_error(&api.send("GET", "/jobs/v2/too-long", None, &[]).await, 404, "JobNotFound");
+    api.must(200, "PUT", "/jobs/v2/fits", Some(&job(&fits)), &[]).await;
+    let done = wait_status(&api, "fits", "completed", Duration::from_secs(30)).await;
+    assert_eq!(done["deviceJobStatistics"]["deviceCount"], 0, "{done}");
+
+    let config = |c: &str| json!({"content": {"deviceContent": {"properties.desired.x": 1}}, "targetCondition": c, "priority": 1});
+    let r = api.send("PUT", "/configurations/too-long", Some(&config(&over)), &[]).await;
+    assert_error(&r, 400, "ArgumentInvalid");
+    assert!(r.text.contains(&format!("at most {room} characters")), "{}", r.text);
+    api.must(404, "GET", "/configurations/too-long", None, &[]).await;
+    api.must(200, "PUT", "/configurations/fits", Some(&config(&fits)), &[]).await;
+    let listed = api.must_get("/configurations?top=10").await;
+    assert_eq!(listed.as_array().map(|a| a.len()), Some(1), "{listed}");
+    assert_eq!(listed[0]["systemMetrics"]["results"]["targetedCount"], 0, "{listed}");
+}

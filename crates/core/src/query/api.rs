@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::aggregate::{self, AggPlan, Partial};
 use super::ast::{Collection, Expr, ExprKind, OutName, Seg, Select, SelectItem};
-use super::error::{CursorError, QueryError};
+use super::error::{CursorError, QueryError, MAX_QUERY_CHARS};
 use super::eval::{eval, lookup, truthy, Document, Env};
 use super::fields::Fields;
 use super::page::{self, Cursor, Page, RowKey};
@@ -66,8 +66,27 @@ pub fn parse(text: &str) -> Result<Query, QueryError> {
     Ok(Query { inner: Arc::new(inner) })
 }
 
+/// The start of the query a condition runs as ([`condition_query`]).
+pub const CONDITION_QUERY_PREFIX: &str = "SELECT deviceId FROM devices WHERE ";
+
+/// The query that selects the devices a job's or a configuration's condition matches.
+pub fn condition_query(condition: &str) -> String {
+    format!("{CONDITION_QUERY_PREFIX}{condition}")
+}
+
 /// Parses a bare condition: a Jobs v2 `queryCondition` (the body of a WHERE clause over `devices`).
 pub fn parse_condition(text: &str) -> Result<Condition, QueryError> {
+    // A condition runs as part of a query (`condition_query`): it must leave that query within the limit.
+    let room = MAX_QUERY_CHARS - CONDITION_QUERY_PREFIX.len();
+    if text.chars().nth(room).is_some() {
+        return Err(QueryError::new(
+            room + 1,
+            format!(
+                "a condition may have at most {room} characters: it runs as `{CONDITION_QUERY_PREFIX}…`, \
+                 a query of at most {MAX_QUERY_CHARS}"
+            ),
+        ));
+    }
     let expr = parser::parse_condition(text)?;
     if let Some(a) = first_aggregate(&expr) {
         return Err(QueryError::new(a.pos, "aggregate functions are not allowed in a condition"));

@@ -71,7 +71,7 @@ mod page;
 mod parser;
 
 pub use aggregate::{Partial, PartialState};
-pub use api::{parse, parse_condition, Condition, Query};
+pub use api::{condition_query, parse, parse_condition, Condition, Query, CONDITION_QUERY_PREFIX};
 pub use ast::{Collection, Seg};
 pub use error::{CursorError, MergeError, QueryError, MAX_NESTING, MAX_QUERY_CHARS};
 pub use eval::{lookup, Document, Scalar};

@@ -778,6 +778,18 @@ mod tests {
     }
 
     #[test]
+    fn a_condition_leaves_room_for_the_query_it_runs_as() {
+        let room = 8192 - crate::query::CONDITION_QUERY_PREFIX.len();
+        let cond = |n: usize| format!("deviceId = '{}'", "é".repeat(n - "deviceId = ''".len()));
+        let fits = crate::query::parse_condition(&cond(room)).map(|_| ());
+        assert_eq!(fits, Ok(()));
+        assert!(parse_query(&crate::query::condition_query(&cond(room))).is_ok());
+        let e = crate::query::parse_condition(&cond(room + 1)).map(|_| ()).unwrap_err();
+        assert_eq!(e.position, room + 1);
+        assert!(e.message.contains(&format!("at most {room} characters")), "{}", e.message);
+    }
+
+    #[test]
     fn condition() {
         let e = parse_condition("devices.deviceId IN ['a', 'b'] AND NOT tags.x NIN [1, -2]").unwrap();
         assert!(matches!(e.kind, ExprKind::And(_)));
