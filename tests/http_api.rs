@@ -175,10 +175,15 @@ async fn registry_crud_generated_keys_conflicts_and_if_match() {
     .await;
     api.must_err(404, DEVICE_NOT_FOUND, "GET", "/devices/ghost", None, &[]).await;
 
-    // DELETE with a stale etag → 412, still there.
+    // DELETE with a stale etag → 412, still there; an empty tag is a condition too, one no etag meets.
     api.must_err(412, PRECONDITION_FAILED, "DELETE", "/devices/d1", None, &[("If-Match", &quoted(&e1))]).await;
+    for empty in ["\"\"", "", "W/\"\""] {
+        api.must_err(412, PRECONDITION_FAILED, "DELETE", "/devices/d1", None, &[("If-Match", empty)]).await;
+        let patch = json!({"tags": {"unconditional": 1}});
+        api.must_err(412, PRECONDITION_FAILED, "PATCH", "/twins/d1", Some(&patch), &[("If-Match", empty)]).await;
+    }
     api.must_get("/devices/d1").await;
-    api.must_get_twin("d1").await;
+    assert!(api.must_get_twin("d1").await["tags"].get("unconditional").is_none());
 
     // DELETE with the current etag → 204 with an empty body, then 404.
     let r = api.must(204, "DELETE", "/devices/d1", None, &[("If-Match", &quoted(&e1c))]).await;

@@ -8,12 +8,13 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use rustls::pki_types::CertificateDer;
 use serde_json::{json, Value};
 
+use super::registry::if_match;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{x509, Permission};
 use crate::model::certificates::{CaCert, CertOp};
@@ -55,13 +56,9 @@ fn describe(der: Vec<u8>) -> Result<CaCert, ApiError> {
     })
 }
 
-fn if_match(headers: &HeaderMap) -> Option<IfMatch> {
-    headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).and_then(IfMatch::parse_header)
-}
-
 /// Operations other than create name the version they change, as IoT Hub insists.
 fn required_if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
-    match if_match(headers) {
+    match if_match(headers)? {
         None => Err(ApiError::BadRequest("this operation needs an If-Match header with the certificate's etag".into())),
         m => Ok(m),
     }
@@ -85,7 +82,7 @@ pub async fn put(
     let req = body::json(raw, "CertificateDescription")?;
     let cert = describe(der_of(certificate_field(&req, "/properties/certificate")?)?)?;
     let verified = req.pointer("/properties/isVerified").and_then(Value::as_bool).unwrap_or(false);
-    let op = CertOp::Put { name, cert, verified, if_match: if_match(&headers) };
+    let op = CertOp::Put { name, cert, verified, if_match: if_match(&headers)? };
     reply(st.twins()?.propose_meta(Op::Certificate(op)).await?)
 }
 

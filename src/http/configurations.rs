@@ -72,7 +72,7 @@ pub async fn put(
     validate_id("configuration", &id)?;
     let doc = body::json(raw, "Configuration")?;
     let spec = config::parse(&id, &doc, check_condition, check_metric_query).map_err(ApiError::BadRequest)?;
-    let op = Op::Configuration(ConfigOp::Put { spec, if_match: if_match(&headers) });
+    let op = Op::Configuration(ConfigOp::Put { spec, if_match: if_match(&headers)? });
     st.twins()?.propose_meta(op).await??.into_configuration()?;
     get_one(&st, &id).await
 }
@@ -95,7 +95,7 @@ pub async fn delete(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::RegistryWrite)?;
-    let op = Op::Configuration(ConfigOp::Delete { id, if_match: if_match(&headers) });
+    let op = Op::Configuration(ConfigOp::Delete { id, if_match: if_match(&headers)? });
     st.twins()?.propose_meta(op).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

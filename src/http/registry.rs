@@ -22,8 +22,13 @@ use crate::twin::read::ReadOp;
 /// `GET /devices?top=N`: default and maximum.
 const MAX_LIST: usize = 1000;
 
-pub fn if_match(headers: &HeaderMap) -> Option<IfMatch> {
-    headers.get(axum::http::header::IF_MATCH).and_then(|v| v.to_str().ok()).and_then(IfMatch::parse_header)
+/// The request's `If-Match` condition, if it sent one. A header that is not visible ASCII (an entity tag
+/// never is anything else) is refused rather than taken as no condition.
+pub fn if_match(headers: &HeaderMap) -> Result<Option<IfMatch>, ApiError> {
+    let Some(v) = headers.get(axum::http::header::IF_MATCH) else { return Ok(None) };
+    let text =
+        v.to_str().map_err(|_| ApiError::BadRequest("the If-Match header is not an entity tag in ASCII".into()))?;
+    Ok(Some(IfMatch::parse_header(text)))
 }
 
 /// Proposes `cmd` through the twin layer and unwraps the model's verdict.
@@ -80,12 +85,12 @@ pub async fn put_device(
     let device = device_spec(&id, &doc)?;
     let op = match requested_parent(&id, device.iot_edge, &doc)? {
         // Neither field in the body: the device keeps the parent it has.
-        None => Op::PutDevice { device, if_match: if_match(&headers) },
+        None => Op::PutDevice { device, if_match: if_match(&headers)? },
         Some(parent) => {
             if let Some(p) = &parent {
                 check_parent(&st, &id, p).await?;
             }
-            Op::PutDeviceWithParent { device, parent_scope: parent, if_match: if_match(&headers) }
+            Op::PutDeviceWithParent { device, parent_scope: parent, if_match: if_match(&headers)? }
         }
     };
     let cmd = Command::new(op, now_ms());
@@ -98,7 +103,7 @@ pub async fn delete_device(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}"), Permission::RegistryWrite)?;
-    let cmd = Command::new(Op::DeleteDevice { device_id: id.clone(), if_match: if_match(&headers) }, now_ms());
+    let cmd = Command::new(Op::DeleteDevice { device_id: id.clone(), if_match: if_match(&headers)? }, now_ms());
     propose(&st, &TwinId::device(id), cmd).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -134,7 +139,7 @@ pub async fn put_module(
     validate_id("module", &mid)?;
     let doc = body::json(raw, "Module")?;
     let module = module_spec(&id, &mid, &doc)?;
-    let cmd = Command::new(Op::PutModule { module, if_match: if_match(&headers) }, now_ms());
+    let cmd = Command::new(Op::PutModule { module, if_match: if_match(&headers)? }, now_ms());
     Ok(ok_json(&propose(&st, &TwinId::module(id, mid), cmd).await?.into_module()?))
 }
 
@@ -144,7 +149,7 @@ pub async fn delete_module(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, &format!("devices/{id}/modules/{mid}"), Permission::RegistryWrite)?;
-    let op = Op::DeleteModule { device_id: id.clone(), module_id: mid.clone(), if_match: if_match(&headers) };
+    let op = Op::DeleteModule { device_id: id.clone(), module_id: mid.clone(), if_match: if_match(&headers)? };
     propose(&st, &TwinId::module(id, mid), Command::new(op, now_ms())).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

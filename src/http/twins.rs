@@ -43,7 +43,7 @@ pub(super) async fn write(
     let json = body::text(raw, "Twin")?;
     // A PATCH and a PUT body follow the same rules; they differ in what a missing section means.
     validate_twin_body_text(&json)?;
-    let if_match = if_match(&headers);
+    let if_match = if_match(&headers)?;
     let op = if replace {
         Op::ReplaceTwin { id: id.clone(), twin_json: json, if_match }
     } else {

@@ -86,7 +86,7 @@ pub type BulkOutcome = Vec<Option<TwinError>>;
 
 fn etag_match(e: &Option<String>, field: &str) -> Result<IfMatch, TwinError> {
     match e.as_deref().map(str::trim).filter(|e| !e.is_empty()) {
-        Some(e) => Ok(IfMatch::parse_header(e).unwrap_or(IfMatch::Any)),
+        Some(e) => Ok(IfMatch::parse_header(e)),
         None => Err(TwinError::InvalidArgument(format!("{field} is required for this importMode"))),
     }
 }

@@ -35,17 +35,18 @@ pub enum IfMatch {
 
 impl IfMatch {
     /// Parses an HTTP `If-Match` header value: surrounding quotes and a `W/` prefix are stripped, `*`
-    /// (quoted or not) is the wildcard. `None` for an empty header.
-    pub fn parse_header(raw: &str) -> Option<IfMatch> {
+    /// (quoted or not) is the wildcard. An empty tag (`""`, or nothing) is a condition too, one that no
+    /// etag meets: a client that sent the header asked for a conditional write, and must not get an
+    /// unconditional one.
+    pub fn parse_header(raw: &str) -> IfMatch {
         let mut v = raw.trim();
         if let Some(rest) = v.strip_prefix("W/") {
             v = rest;
         }
         let v = v.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(v).trim();
         match v {
-            "" => None,
-            "*" => Some(IfMatch::Any),
-            e => Some(IfMatch::Etag(e.to_string())),
+            "*" => IfMatch::Any,
+            e => IfMatch::Etag(e.to_string()),
         }
     }
 }
@@ -363,11 +364,14 @@ mod tests {
 
     #[test]
     fn if_match_forms() {
-        assert_eq!(IfMatch::parse_header("\"*\""), Some(IfMatch::Any));
-        assert_eq!(IfMatch::parse_header("*"), Some(IfMatch::Any));
-        assert_eq!(IfMatch::parse_header("W/\"AAAA\""), Some(IfMatch::Etag("AAAA".into())));
-        assert_eq!(IfMatch::parse_header("\"AAAAAAAAAAE=\""), Some(IfMatch::Etag("AAAAAAAAAAE=".into())));
-        assert_eq!(IfMatch::parse_header(""), None);
+        assert_eq!(IfMatch::parse_header("\"*\""), IfMatch::Any);
+        assert_eq!(IfMatch::parse_header("*"), IfMatch::Any);
+        assert_eq!(IfMatch::parse_header("W/\"AAAA\""), IfMatch::Etag("AAAA".into()));
+        assert_eq!(IfMatch::parse_header("\"AAAAAAAAAAE=\""), IfMatch::Etag("AAAAAAAAAAE=".into()));
+        // A header with an empty tag is still a condition, one no etag meets.
+        for empty in ["", "\"\"", "W/", " W/\"\" "] {
+            assert_eq!(IfMatch::parse_header(empty), IfMatch::Etag(String::new()), "{empty:?}");
+        }
     }
 
     #[test]

@@ -416,6 +416,15 @@ fn if_match_rules() {
         .apply(Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::Any) })
         .result
         .is_ok());
+    // An empty tag is a condition no etag meets: nothing is written.
+    for op in [
+        Op::UpdateTwin { id: dev(), patch_json: body.clone(), if_match: Some(IfMatch::parse_header("\"\"")) },
+        Op::ReplaceTwin { id: dev(), twin_json: body.clone(), if_match: Some(IfMatch::parse_header("")) },
+        Op::DeleteDevice { device_id: "d1".into(), if_match: Some(IfMatch::parse_header("W/\"\"")) },
+    ] {
+        let e = f.must_reject(op);
+        assert!(matches!(e, TwinError::PreconditionFailed(_)), "{e:?}");
+    }
     // `*` on a missing twin is still "not found".
     let e =
         f.must_reject(Op::UpdateTwin { id: TwinId::device("nope"), patch_json: body, if_match: Some(IfMatch::Any) });
