@@ -369,6 +369,17 @@ fn raw_subscribe(pkid: u16, filters: &[(&str, u8)]) -> Vec<u8> {
     p
 }
 
+/// PUBLISH at QoS 0 to any topic bytes (a client library refuses wildcards in a topic name).
+fn raw_publish(topic: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    mqtt_string(&mut body, topic);
+    body.extend_from_slice(payload);
+    let mut p = vec![0x30];
+    remaining_length(&mut p, body.len());
+    p.extend_from_slice(&body);
+    p
+}
+
 /// Reads until the server closes (EOF or reset); returns everything read.
 async fn read_until_closed(s: &mut tokio::net::TcpStream, d: Duration) -> Option<Vec<u8>> {
     let mut all = Vec::new();
@@ -833,6 +844,14 @@ async fn protocol_violations_close_the_connection() {
     let mut pong = [0u8; 2];
     tokio::time::timeout(WAIT, s.read_exact(&mut pong)).await.expect("PINGRESP in time").unwrap();
     assert_eq!(pong, [0xD0, 0x00]);
+
+    // A wildcard or NUL in a topic name (here in the request id the answer's topic would echo) closes
+    // the connection without an answer.
+    for topic in ["$iothub/twin/GET/?$rid=1#", "$iothub/twin/GET/?$rid=+", "$iothub/twin/GET/?$rid=a\0"] {
+        let mut s = raw_session(&srv, &dev, 60).await;
+        s.write_all(&raw_publish(topic.as_bytes(), b"")).await.unwrap();
+        assert_eq!(read_until_closed(&mut s, WAIT).await.expect("closed"), b"", "{topic:?}");
+    }
 
     // Garbage instead of CONNECT is closed without an answer.
     let mut s = raw_socket(&srv).await;

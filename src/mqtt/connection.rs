@@ -480,6 +480,11 @@ impl Connection {
         }
         let puback = (header.qos == 1).then_some(header.pkid);
         let topic = std::str::from_utf8(&p.topic).map_err(|_| Close::Malformed("topic is not UTF-8".into()))?;
+        // A topic name never holds a wildcard or a NUL (MQTT 3.1.1, 3.3.2-2 and 1.5.3): the request id
+        // is echoed into the answer's topic, which would then be no topic name at all.
+        if topic.contains(['+', '#', '\0']) {
+            return Err(Close::Malformed(format!("the topic name {topic:?} holds a wildcard or NUL")));
+        }
         let started = Instant::now();
         match topics::classify(topic, &self.id) {
             Inbound::Twin { kind: TwinRequest::Get, rid } => {
