@@ -834,6 +834,21 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
     let base =
         api.must_patch_twin("lim", &json!({"tags": {"keep": "me"}, "properties": {"desired": {"keep": 1}}})).await;
 
+    // Path segments that are not UTF-8 once decoded, or not a number where one is expected: IoT Hub's
+    // error body, naming the path.
+    for (method, path) in [
+        ("GET", "/twins/%FF"),
+        ("PATCH", "/twins/lim/modules/%C3"),
+        ("DELETE", "/devices/%FE%FF"),
+        ("GET", "/devices/lim/modules/%FF"),
+        ("GET", "/jobs/v2/%FF"),
+        ("DELETE", "/cluster/members/abc"),
+        ("GET", "/cluster/backup/shards/-1"),
+    ] {
+        let r = api.must_err(400, "ArgumentInvalid", method, path, Some(&json!({})), &[("If-Match", "*")]).await;
+        assert!(r.text.contains("the request path"), "{method} {path}: {}", r.text);
+    }
+
     // Malformed JSON.
     for (what, body) in [
         ("truncated", &b"{\"tags\": {\"a\": "[..]),

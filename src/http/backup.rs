@@ -10,8 +10,9 @@
 
 use std::collections::HashMap;
 
+use super::path::Path;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::json;

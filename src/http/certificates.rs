@@ -5,9 +5,10 @@
 //! verified: its owner proves possession of its key by presenting a certificate it signed whose subject
 //! CN is the verification code the hub generated.
 
+use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;

@@ -185,7 +185,7 @@ mod tests {
     fn decodes_segments_as_path_parameters() {
         let t = twin(Method::GET, "/twins/a%2Fb%20c/modules/m%3A1").unwrap();
         assert_eq!(t.id, TwinId::module("a/b c", "m:1"));
-        // Not UTF-8 once decoded: the router's rejection answers it.
+        // Not UTF-8 once decoded: the router's path extractor refuses it (400, IoT Hub's error body).
         assert_eq!(twin(Method::GET, "/twins/%FF"), None);
     }
 

@@ -2,9 +2,10 @@
 //! `POST /twins/{id}/modules/{mid}/methods`. The call goes to the identity's live MQTT connection on
 //! whichever node holds it; the answer is the device's `{"status", "payload"}`.
 
+use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{json, Value};

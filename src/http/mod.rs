@@ -17,6 +17,7 @@ mod headers;
 mod jobs;
 mod methods;
 mod metrics;
+mod path;
 mod query;
 mod registry;
 mod serve;
@@ -155,7 +156,7 @@ async fn add_member(
 /// once no shard holds it any more, its id is retired (`/cluster/status` shows when).
 async fn remove_member(
     axum::extract::State(state): axum::extract::State<Shared>,
-    axum::extract::Path(node): axum::extract::Path<u64>,
+    path::Path(node): path::Path<u64>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;

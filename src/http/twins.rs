@@ -1,8 +1,9 @@
 //! Twin routes (docs/iothub-protocol.md §3.2): GET, PATCH (merge) and PUT (replace) of device and module twins.
 
+use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
