@@ -339,6 +339,48 @@ async fn uploads_without_credentials_are_refused_unread() {
     srv.owner().must_create_device("after-uploads").await;
 }
 
+/// A restore's page may be 64 MiB, so its body is read only once the caller has shown the ClusterAdmin
+/// permission: a valid credential of a policy without it is refused while the body is still coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_body_is_not_read_for_a_credential_without_the_permission() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let policies: Value =
+        serde_json::from_slice(&std::fs::read(srv.data_dir.join("policies.json")).expect("policies.json")).unwrap();
+    let key = policies["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "registryRead"))
+        .and_then(|p| p["primary_key"].as_str())
+        .expect("the registryRead policy's key")
+        .to_string();
+    let token = service_sas(&srv.host_name, "registryRead", &key, unix_now() + 3600);
+    let ca = tls_connector(&srv.ca_pem);
+    for path in ["/cluster/restore/meta", "/cluster/restore/shards/0"] {
+        let mut s = tls_from(&ca, lo(40), srv.port).await.expect("TLS");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: {token}\r\nContent-Type: application/json\r\nContent-Length: 60000000\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.expect("head");
+        s.write_all(&[b' '; 4096]).await.expect("the body's first bytes");
+        let t0 = Instant::now();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") && t0.elapsed() < Duration::from_secs(8) {
+            match tokio::time::timeout(Duration::from_secs(8), s.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&got).to_string();
+        assert!(text.starts_with("HTTP/1.1 401"), "{path}: {text:.300}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{path}: answered after {:?}: the body was waited for",
+            t0.elapsed()
+        );
+    }
+    srv.owner().must_create_device("after-restores").await;
+}
+
 /// The twin routes, served beside the router rather than through it, keep every bound the router puts
 /// on a request: a body over the limit is 413 and changes nothing, an authenticated body that stalls
 /// is answered 400 after the chunk timeout (10 s), and their metrics carry the route pattern, never

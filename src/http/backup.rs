@@ -10,13 +10,13 @@
 
 use std::collections::HashMap;
 
-use super::path::Path;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::json;
 
+use super::path::Path;
 use super::{ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;
@@ -76,8 +76,9 @@ pub async fn shard_page(
     Ok(ok_json(&json!({"shard": shard, "page": parsed, "next": next})))
 }
 
-pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
+pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
+    let body = super::body::read_after_checks(body, RESTORE_BODY_LIMIT, "metadata backup").await?;
     let meta: MetaBackup =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
     meta.check_counters().map_err(ApiError::BadRequest)?;
@@ -90,10 +91,11 @@ pub async fn restore_shard(
     State(st): State<Shared>,
     Path(shard): Path<u32>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
     let shard = shard_arg(&st, shard)?;
+    let body = super::body::read_after_checks(body, RESTORE_BODY_LIMIT, "backup page").await?;
     let page: BackupPage =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
     page.check_counters().map_err(ApiError::BadRequest)?;

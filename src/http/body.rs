@@ -1,8 +1,9 @@
 //! Request bodies: size limit and JSON parsing with IoT Hub's error body instead of axum's text.
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 
 use super::{ApiError, BODY_LIMIT};
@@ -42,6 +43,18 @@ impl From<BytesRejection> for Unread {
             Unread::Failed(r.to_string())
         }
     }
+}
+
+/// The bytes of a body of up to `limit` bytes that should hold a `what` JSON document, read only when
+/// the handler asks: a route whose bodies may be large (a restore's pages) checks the caller's
+/// permission first, so that no one without it can make the node hold such a body.
+pub async fn read_after_checks(body: Body, limit: usize, what: &str) -> Result<Bytes, ApiError> {
+    let read = match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => return Err(ApiError::TooLarge(limit)),
+        Err(e) => Err(Unread::Failed(e.to_string())),
+    };
+    bytes(read, what)
 }
 
 /// The bytes of a body that should hold a `what` JSON document: an error if it could not be read, was

@@ -5,7 +5,6 @@
 //! verified: its owner proves possession of its key by presenting a certificate it signed whose subject
 //! CN is the verification code the hub generated.
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -15,6 +14,7 @@ use base64::Engine as _;
 use rustls::pki_types::CertificateDer;
 use serde_json::{json, Value};
 
+use super::path::Path;
 use super::registry::if_match;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{x509, Permission};

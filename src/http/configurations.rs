@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
@@ -13,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
+use super::path::Path;
 use super::registry::if_match;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;

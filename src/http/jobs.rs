@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
@@ -13,6 +12,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
 
+use super::path::Path;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::model::jobs::{JobOp, JobSpec, JobStatus, DEVICE_METHOD, UPDATE_TWIN};

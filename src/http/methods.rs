@@ -2,7 +2,6 @@
 //! `POST /twins/{id}/modules/{mid}/methods`. The call goes to the identity's live MQTT connection on
 //! whichever node holds it; the answer is the device's `{"status", "payload"}`.
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -10,6 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::path::Path;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
 use crate::ids::TwinId;

@@ -137,9 +137,10 @@ struct NewMember {
 async fn add_member(
     axum::extract::State(state): axum::extract::State<Shared>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     state.authorize(&headers, "cluster/members", Permission::ClusterAdmin)?;
+    let body = body::bytes(body, "member")?;
     let m: NewMember = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!("body must be {{\"id\": <node id>, \"addr\": \"host:port\"}}: {e}"))
     })?;
@@ -250,16 +251,8 @@ pub fn router(state: Shared) -> Router {
         .route("/cluster/backup", get(backup::info))
         .route("/cluster/backup/meta", get(backup::meta))
         .route("/cluster/backup/shards/{shard}", get(backup::shard_page))
-        .route(
-            "/cluster/restore/meta",
-            axum::routing::post(backup::restore_meta)
-                .layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
-        )
-        .route(
-            "/cluster/restore/shards/{shard}",
-            axum::routing::post(backup::restore_shard)
-                .layer(axum::extract::DefaultBodyLimit::max(backup::RESTORE_BODY_LIMIT)),
-        )
+        .route("/cluster/restore/meta", axum::routing::post(backup::restore_meta))
+        .route("/cluster/restore/shards/{shard}", axum::routing::post(backup::restore_shard))
         .route("/configurations", get(configurations::list))
         .route("/configurations/testQueries", axum::routing::post(configurations::test_queries))
         .route("/configurations/{id}", get(configurations::get).put(configurations::put).delete(configurations::delete))

@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
@@ -12,6 +11,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde_json::{json, Map, Value};
 
+use super::path::Path;
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::{generate_key, Permission};
 use crate::ids::TwinId;

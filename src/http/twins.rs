@@ -1,6 +1,5 @@
 //! Twin routes (docs/iothub-protocol.md §3.2): GET, PATCH (merge) and PUT (replace) of device and module twins.
 
-use super::path::Path;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -9,6 +8,7 @@ use axum::response::Response;
 
 use super::body::Unread;
 use super::headers::Headers;
+use super::path::Path;
 use super::registry::{if_match, propose};
 use super::{body, ok_json, ApiError, Shared};
 use crate::auth::Permission;
