@@ -848,6 +848,9 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
         let r = api.must_err(400, "ArgumentInvalid", method, path, Some(&json!({})), &[("If-Match", "*")]).await;
         assert!(r.text.contains("the request path"), "{method} {path}: {}", r.text);
     }
+    // An unknown console file is IoT Hub's 404 body too, like any unknown path.
+    let r = api.must_err(404, "NotFound", "GET", "/console/no-such-page.js", None, &[]).await;
+    assert!(r.text.contains("/console/no-such-page.js"), "{}", r.text);
 
     // Malformed JSON.
     for (what, body) in [

@@ -138,6 +138,28 @@ async fn update_twin_jobs_apply_once_per_matching_device() {
         "ArgumentInvalid",
     );
     assert_error(&bad(json!({"type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}, "startTime": "yesterday"})).await, 400, "ArgumentInvalid");
+    // Members of the wrong type, or missing, are named.
+    for (body, says) in [
+        (
+            json!({"jobId": 5, "type": "scheduleUpdateTwin", "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}}),
+            "jobId must be a string, got 5",
+        ),
+        (
+            json!({"type": 5, "queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}}),
+            "type must be a string, got 5",
+        ),
+        (json!({"queryCondition": "tags.a = 1", "updateTwin": {"tags": {"a": 1}}}), "type is required"),
+        (
+            json!({"type": "scheduleUpdateTwin", "queryCondition": 5, "updateTwin": {"tags": {"a": 1}}}),
+            "queryCondition must be a string, got 5",
+        ),
+        (json!({"type": "scheduleUpdateTwin", "updateTwin": {"tags": {"a": 1}}}), "queryCondition is required"),
+        (json!(["scheduleUpdateTwin"]), "a JobRequest is a JSON object"),
+    ] {
+        let r = bad(body.clone()).await;
+        assert_error(&r, 400, "ArgumentInvalid");
+        assert!(r.text.contains(says), "{body}: {}", r.text);
+    }
     assert_error(&api.send("GET", "/jobs/v2/bad", None, &[]).await, 404, "JobNotFound");
     let r = api.send("PUT", "/jobs/v2/fw-43", Some(&json!({"jobId": "fw-43", "type": "scheduleUpdateTwin", "queryCondition": "tags.a = 2", "updateTwin": {"tags": {"a": 1}}})), &[]).await;
     assert_error(&r, 412, "PreconditionFailed");

@@ -44,7 +44,7 @@ pub fn is_console_path(path: &str) -> bool {
 pub async fn serve(uri: axum::http::Uri) -> Response {
     let rest = uri.path().strip_prefix(CONSOLE_PATH).unwrap_or("");
     let Some((body, content_type)) = asset(rest) else {
-        return (StatusCode::NOT_FOUND, "no such console page").into_response();
+        return super::ApiError::NoRoute(uri.path().to_string()).into_response();
     };
     let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();

@@ -52,6 +52,15 @@ fn patch_of(update: &Value) -> Result<Value, ApiError> {
     Ok(patch)
 }
 
+/// A string member of a request, if present; a refusal naming it if it is anything else.
+fn string_field<'a>(req: &'a Value, key: &str) -> Result<Option<&'a str>, ApiError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(ApiError::BadRequest(format!("{key} must be a string, got {other}"))),
+    }
+}
+
 pub async fn create(
     State(st): State<Shared>,
     Path(id): Path<String>,
@@ -61,13 +70,19 @@ pub async fn create(
     st.authorize(&headers, "jobs", Permission::RegistryWrite)?;
     validate_id("job", &id)?;
     let req = body::json(raw, "JobRequest")?;
-    if let Some(j) = req.get("jobId").and_then(Value::as_str) {
+    if !req.is_object() {
+        return Err(ApiError::BadRequest(format!("a JobRequest is a JSON object, got {req}")));
+    }
+    if let Some(j) = string_field(&req, "jobId")? {
         if j != id {
             return Err(ApiError::BadRequest(format!("jobId '{j}' in the body differs from '{id}' in the path")));
         }
     }
-    let job_type = req.get("type").and_then(Value::as_str).unwrap_or_default();
-    let condition = req.get("queryCondition").and_then(Value::as_str).unwrap_or_default().to_string();
+    let job_type = string_field(&req, "type")?
+        .ok_or_else(|| ApiError::BadRequest(format!("type is required: {UPDATE_TWIN} or {DEVICE_METHOD}")))?;
+    let condition = string_field(&req, "queryCondition")?
+        .ok_or_else(|| ApiError::BadRequest("queryCondition is required".into()))?
+        .to_string();
     crate::query::parse_condition(&condition).map_err(|e| ApiError::BadRequest(format!("queryCondition: {e}")))?;
     let (update, patch, method) = match job_type {
         UPDATE_TWIN => {
