@@ -22,6 +22,10 @@ pub enum ErrorCode {
     ConfigurationNotFound,
     CertificateNotFound,
     NotFound,
+    /// The hub holds as many records of a kind as it may.
+    IotHubQuotaExceeded,
+    /// As many jobs are active as may be.
+    JobQuotaExceeded,
     MethodNotAllowed,
     DeviceAlreadyExists,
     ModuleAlreadyExistsOnDevice,
@@ -44,6 +48,7 @@ impl ErrorCode {
             // IoT Hub refuses a device's module beyond the limit as a bad request, not a 413.
             ArgumentInvalid | TooManyModulesOnDevice => 400,
             IotHubUnauthorizedAccess => 401,
+            IotHubQuotaExceeded | JobQuotaExceeded => 403,
             DeviceNotFound
             | JobNotFound
             | ModuleNotFound
@@ -75,6 +80,8 @@ impl ErrorCode {
             ConfigurationNotFound => "ConfigurationNotFound",
             CertificateNotFound => "CertificateNotFound",
             NotFound => "NotFound",
+            IotHubQuotaExceeded => "IotHubQuotaExceeded",
+            JobQuotaExceeded => "JobQuotaExceeded",
             MethodNotAllowed => "MethodNotAllowed",
             DeviceAlreadyExists => "DeviceAlreadyExists",
             ModuleAlreadyExistsOnDevice => "ModuleAlreadyExistsOnDevice",
@@ -95,6 +102,8 @@ impl ErrorCode {
         match self {
             ArgumentInvalid => 400_004,
             IotHubUnauthorizedAccess => 401_002,
+            JobQuotaExceeded => 403_001,
+            IotHubQuotaExceeded => 403_002,
             DeviceNotFound => 404_001,
             JobNotFound => 404_002,
             ModuleNotFound => 404_010,
@@ -127,6 +136,8 @@ impl ErrorCode {
             TwinError::ConfigurationNotFound(_) => ErrorCode::ConfigurationNotFound,
             TwinError::ConfigurationAlreadyExists(_) => ErrorCode::ConfigurationAlreadyExists,
             TwinError::CertificateNotFound(_) => ErrorCode::CertificateNotFound,
+            TwinError::QuotaExceeded { .. } => ErrorCode::IotHubQuotaExceeded,
+            TwinError::JobQuotaExceeded { .. } => ErrorCode::JobQuotaExceeded,
         }
     }
 
@@ -148,9 +159,11 @@ impl ErrorCode {
 mod tests {
     use super::ErrorCode::{self, *};
 
-    const ALL: [ErrorCode; 20] = [
+    const ALL: [ErrorCode; 22] = [
         ArgumentInvalid,
         IotHubUnauthorizedAccess,
+        IotHubQuotaExceeded,
+        JobQuotaExceeded,
         DeviceNotFound,
         JobNotFound,
         ModuleNotFound,
@@ -183,6 +196,7 @@ mod tests {
             assert_eq!(format!("{c:?}"), c.name());
         }
         assert_eq!(DeviceNotFound.number(), 404_001);
+        assert_eq!(IotHubQuotaExceeded.number(), 403_002);
         assert_eq!(PreconditionFailed.number(), 412_001);
         assert_eq!(ModuleAlreadyExistsOnDevice.number(), 409_301);
         assert_eq!(ServerBusy.number(), 503_001);

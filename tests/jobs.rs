@@ -197,3 +197,31 @@ async fn a_condition_that_would_make_its_query_too_long_is_refused_before_anythi
     assert_eq!(listed.as_array().map(|a| a.len()), Some(1), "{listed}");
     assert_eq!(listed[0]["systemMetrics"]["results"]["targetedCount"], 0, "{listed}");
 }
+
+/// The hub's quotas, over HTTPS: the configuration after the hundredth and the job after a hundred active
+/// ones are refused with IoT Hub's 403 and nothing is stored; a job that ends frees a place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_and_the_job_past_the_quota_are_refused_with_a_403() {
+    let server = Server::start(ServerOpts { shard_count: Some(2), ..Default::default() });
+    let api = server.owner();
+    let config = json!({"content": {"deviceContent": {"properties.desired.x": 1}}, "targetCondition": "deviceId = 'none'", "priority": 1});
+    for i in 0..100 {
+        api.must(200, "PUT", &format!("/configurations/c{i:03}"), Some(&config), &[]).await;
+    }
+    let r = api.send("PUT", "/configurations/c100", Some(&config), &[]).await;
+    assert_error(&r, 403, "IotHubQuotaExceeded");
+    assert!(r.text.contains("maximum of 100 configurations"), "{}", r.text);
+    api.must(404, "GET", "/configurations/c100", None, &[]).await;
+
+    // Jobs that start in a year stay scheduled, so each one holds its place.
+    let job = json!({"type": "scheduleUpdateTwin", "queryCondition": "deviceId = 'none'", "updateTwin": {"tags": {"a": 1}},
+        "startTime": "2099-01-01T00:00:00.000Z"});
+    for i in 0..100 {
+        api.must(200, "PUT", &format!("/jobs/v2/j{i:03}"), Some(&job), &[]).await;
+    }
+    let r = api.send("PUT", "/jobs/v2/j100", Some(&job), &[]).await;
+    assert_error(&r, 403, "JobQuotaExceeded");
+    assert_error(&api.send("GET", "/jobs/v2/j100", None, &[]).await, 404, "JobNotFound");
+    api.must(200, "POST", "/jobs/v2/j000/cancel", None, &[]).await;
+    api.must(200, "PUT", "/jobs/v2/j100", Some(&job), &[]).await;
+}

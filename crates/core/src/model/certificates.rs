@@ -76,6 +76,9 @@ impl CertOp {
     }
 }
 
+/// CA certificates a hub holds at most: a device presenting a certificate is checked against each.
+pub const MAX_CERTIFICATES: usize = 25;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Certificates {
     records: BTreeMap<String, CaRecord>,
@@ -116,6 +119,9 @@ impl Certificates {
                         return Err(TwinError::PreconditionFailed(format!(
                             "certificate {name} exists; replacing it needs If-Match"
                         )))
+                    }
+                    (None, _) if self.records.len() >= MAX_CERTIFICATES => {
+                        return Err(TwinError::QuotaExceeded { what: "CA certificates".into(), max: MAX_CERTIFICATES })
                     }
                     (None, _) => now_ms,
                 };
@@ -222,6 +228,19 @@ mod tests {
             not_before_ms: 0,
             expiry_ms: 1,
         }
+    }
+
+    #[test]
+    fn a_hub_holds_at_most_its_quota_of_ca_certificates() {
+        let mut c = Certificates::default();
+        let put = |name: String| CertOp::Put { name, cert: cert(), verified: false, if_match: None };
+        for i in 0..MAX_CERTIFICATES {
+            c.apply(&put(format!("ca{i}")), 1).unwrap();
+        }
+        let e = c.apply(&put("one-more".into()), 2).unwrap_err();
+        assert_eq!(e, TwinError::QuotaExceeded { what: "CA certificates".into(), max: MAX_CERTIFICATES });
+        c.apply(&CertOp::Delete { name: "ca0".into(), if_match: Some(IfMatch::Any) }, 3).unwrap();
+        c.apply(&put("one-more".into()), 4).unwrap();
     }
 
     #[test]

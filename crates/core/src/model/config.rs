@@ -73,6 +73,10 @@ impl ConfigOp {
     }
 }
 
+/// Configurations a hub holds at most (IoT Hub's paid tiers allow as many): each one is evaluated
+/// against the whole fleet on every reconciler pass, so their number bounds that work.
+pub const MAX_CONFIGURATIONS: usize = 100;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigsState {
     pub configs: BTreeMap<String, Configuration>,
@@ -113,6 +117,12 @@ impl ConfigsState {
                         Ok(c.render())
                     }
                     (None, None) => {
+                        if self.configs.len() >= MAX_CONFIGURATIONS {
+                            return Err(TwinError::QuotaExceeded {
+                                what: "configurations".into(),
+                                max: MAX_CONFIGURATIONS,
+                            });
+                        }
                         let c = Configuration { spec: spec.clone(), created_ms: at_ms, updated_ms: at_ms, etag };
                         let out = c.render();
                         self.configs.insert(spec.id.clone(), c);
@@ -284,6 +294,20 @@ mod tests {
             "priority": priority,
         });
         parse(id, &body, ok, ok).unwrap()
+    }
+
+    #[test]
+    fn a_hub_holds_at_most_its_quota_of_configurations_and_still_updates_and_deletes_them() {
+        let mut s = ConfigsState::default();
+        for i in 0..MAX_CONFIGURATIONS {
+            s.apply(&ConfigOp::Put { spec: spec(&format!("c{i}"), 1), if_match: None }, 1).unwrap();
+        }
+        let e = s.apply(&ConfigOp::Put { spec: spec("one-more", 1), if_match: None }, 2).unwrap_err();
+        assert_eq!(e, TwinError::QuotaExceeded { what: "configurations".into(), max: MAX_CONFIGURATIONS });
+        assert!(!s.configs.contains_key("one-more"));
+        s.apply(&ConfigOp::Put { spec: spec("c0", 7), if_match: Some(IfMatch::Any) }, 3).unwrap();
+        s.apply(&ConfigOp::Delete { id: "c1".into(), if_match: Some(IfMatch::Any) }, 4).unwrap();
+        s.apply(&ConfigOp::Put { spec: spec("one-more", 1), if_match: None }, 5).unwrap();
     }
 
     #[test]

@@ -27,4 +27,11 @@ pub enum TwinError {
     ConfigurationAlreadyExists(String),
     #[error("Certificate {0} not found")]
     CertificateNotFound(String),
+    /// The hub holds as many records of this kind as it may (configurations, CA certificates). New
+    /// variants go last: refusals are kept in the retry window, which snapshots carry.
+    #[error("The hub already has the maximum of {max} {what}")]
+    QuotaExceeded { what: String, max: usize },
+    /// As many jobs are queued, scheduled or running as may be at once.
+    #[error("{max} jobs are already queued, scheduled or running; create another once one ends")]
+    JobQuotaExceeded { max: usize },
 }

@@ -166,6 +166,10 @@ impl JobOp {
     }
 }
 
+/// Jobs that may be queued, scheduled or running at once: each running one holds the list of its
+/// devices and takes its share of the fleet's write rate.
+pub const MAX_ACTIVE_JOBS: usize = 100;
+
 /// Job records by id.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsState {
@@ -240,6 +244,9 @@ impl JobsState {
                 return Ok(existing.render());
             }
             return Err(TwinError::PreconditionFailed(format!("a job with id '{}' already exists", spec.job_id)));
+        }
+        if self.jobs.values().filter(|j| !j.status.is_final()).count() >= MAX_ACTIVE_JOBS {
+            return Err(TwinError::JobQuotaExceeded { max: MAX_ACTIVE_JOBS });
         }
         let job = Job {
             spec: spec.clone(),
@@ -352,6 +359,20 @@ mod tests {
             patch_json: r#"{"tags":{"x":1}}"#.into(),
             created_ms: 1_700_000_000_000,
         }
+    }
+
+    #[test]
+    fn at_most_the_quota_of_jobs_is_active_and_an_ended_one_frees_a_place() {
+        let mut s = JobsState::default();
+        for i in 0..MAX_ACTIVE_JOBS {
+            s.apply(&JobOp::Create(spec(&format!("j{i}")))).unwrap();
+        }
+        let e = s.apply(&JobOp::Create(spec("one-more"))).unwrap_err();
+        assert_eq!(e, TwinError::JobQuotaExceeded { max: MAX_ACTIVE_JOBS });
+        // A retried create of a job already there still answers it.
+        assert_eq!(s.apply(&JobOp::Create(spec("j0"))).unwrap()["jobId"], "j0");
+        s.apply(&JobOp::Cancel { job_id: "j0".into(), at_ms: 1_700_000_000_001 }).unwrap();
+        assert_eq!(s.apply(&JobOp::Create(spec("one-more"))).unwrap()["status"], "queued");
     }
 
     #[test]
