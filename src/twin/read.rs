@@ -166,6 +166,9 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
         for c in indexed(s, &q, None).unwrap_or_else(|| candidates(s, q.collection(), &[])) {
             c.add_to(&mut p);
         }
+        if let Some(why) = p.too_many_groups() {
+            return Err(why);
+        }
         return Ok(QueryPart::Partial(p.state()));
     }
     let to_project = q.fields_to_project();

@@ -76,6 +76,9 @@ impl Twins {
                 }
             }
         }
+        if let Some(msg) = partial.as_ref().and_then(|p| p.too_many_groups()) {
+            return Err(ShardError::Refused { msg });
+        }
         Ok(match partial {
             Some(p) => QueryPage { items: p.finish(), next: None },
             None => {

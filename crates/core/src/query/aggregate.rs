@@ -348,11 +348,17 @@ pub(crate) struct GroupEntry {
 pub struct Partial {
     plan: Arc<AggPlan>,
     groups: BTreeMap<GroupKey, Vec<Acc>>,
+    /// A document or a merged shard would have made a group past [`MAX_GROUPS`].
+    overflowed: bool,
 }
+
+/// Groups one aggregate query may make, on a shard and merged: grouping by a value nearly every twin has
+/// its own (`GROUP BY deviceId`) would otherwise hold and answer a row per twin of the fleet at once.
+pub const MAX_GROUPS: usize = 10_000;
 
 impl Partial {
     pub(crate) fn new(plan: Arc<AggPlan>) -> Partial {
-        Partial { plan, groups: BTreeMap::new() }
+        Partial { plan, groups: BTreeMap::new(), overflowed: false }
     }
 
     fn fresh_accs(&self) -> Vec<Acc> {
@@ -376,6 +382,10 @@ impl Partial {
         let key: GroupKey =
             self.plan.group_by.iter().map(|g| eval(g, env).map(|v| canonical(&v).to_string())).collect();
         if !self.groups.contains_key(&key) {
+            if self.groups.len() >= MAX_GROUPS {
+                self.overflowed = true;
+                return true;
+            }
             let fresh = self.fresh_accs();
             self.groups.insert(key.clone(), fresh);
         }
@@ -403,16 +413,27 @@ impl Partial {
     }
 
     fn merge_group(&mut self, key: GroupKey, accs: Vec<Acc>) {
+        let full = self.groups.len() >= MAX_GROUPS;
         match self.groups.get_mut(&key) {
             Some(mine) => {
                 for (a, b) in mine.iter_mut().zip(&accs) {
                     a.merge(b);
                 }
             }
+            None if full => self.overflowed = true,
             None => {
                 self.groups.insert(key, accs);
             }
         }
+    }
+
+    /// Why the result cannot be given, if the query made more groups than [`MAX_GROUPS`].
+    pub fn too_many_groups(&self) -> Option<String> {
+        self.overflowed.then(|| {
+            format!(
+                "GROUP BY makes more than {MAX_GROUPS} groups: group by fewer distinct values, or narrow the WHERE clause"
+            )
+        })
     }
 
     /// The serializable state (see [`PartialState`]).
@@ -499,6 +520,28 @@ mod tests {
             p.add(&d);
         }
         p.finish()
+    }
+
+    #[test]
+    fn a_query_may_make_at_most_max_groups_on_a_shard_and_merged() {
+        let q = parse("SELECT deviceId, COUNT() AS n FROM devices GROUP BY deviceId").unwrap();
+        let fill = |from: usize, to: usize| {
+            let mut p = q.partial().unwrap();
+            for i in from..to {
+                p.add(&json!({"deviceId": format!("d{i}")}));
+            }
+            p
+        };
+        let full = fill(0, super::MAX_GROUPS);
+        assert_eq!(full.too_many_groups(), None);
+        assert_eq!(full.finish().len(), super::MAX_GROUPS);
+        let over = fill(0, super::MAX_GROUPS + 1);
+        assert!(over.too_many_groups().is_some_and(|m| m.contains("more than 10000 groups")));
+        // Two shards within the bound each, over it together.
+        let (mut a, b) = (fill(0, 6000), fill(6000, 12000));
+        assert_eq!(b.too_many_groups(), None);
+        a.merge_state(b.state()).unwrap();
+        assert!(a.too_many_groups().is_some());
     }
 
     #[test]
