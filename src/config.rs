@@ -142,6 +142,10 @@ pub struct ServeArgs {
     /// Connections not yet authenticated from one source address, per listener [default: 64]
     #[arg(long)]
     pub max_unauthenticated_per_source: Option<usize>,
+    /// Change-feed streams (`GET /twin-changes`) clients hold on this node at once; each has a queue of
+    /// its own [default: 256]
+    #[arg(long)]
+    pub max_change_feeds: Option<usize>,
     /// Seconds a new connection has for its TLS handshake, and again for its first request head or
     /// MQTT CONNECT [default: 10]
     #[arg(long)]
@@ -203,6 +207,7 @@ pub struct FileConfig {
     pub max_connections_per_source: Option<usize>,
     pub max_unauthenticated: Option<usize>,
     pub max_unauthenticated_per_source: Option<usize>,
+    pub max_change_feeds: Option<usize>,
     pub handshake_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
     pub mqtt_max_keep_alive_secs: Option<u64>,
@@ -270,6 +275,8 @@ pub struct Config {
     pub proposals_in_flight: usize,
     /// How long the event broker's feed lets change events gather after each batch it hands on.
     pub events_batch: std::time::Duration,
+    /// Change-feed streams clients may hold at once.
+    pub max_change_feeds: usize,
     /// Scheduling class of the node's threads (set before the runtime starts).
     pub cpu_scheduling: crate::sched::CpuScheduling,
     /// Connection bounds and timeouts of every listener.
@@ -574,6 +581,8 @@ impl Config {
             raft_append_calls_per_peer,
             proposals_in_flight,
             events_batch: std::time::Duration::from_millis(events_batch_ms),
+            max_change_feeds: count(args.max_change_feeds, "TWINHUB_MAX_CHANGE_FEEDS", file.max_change_feeds)?
+                .unwrap_or(256),
             cpu_scheduling,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),

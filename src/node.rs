@@ -170,7 +170,7 @@ impl Node {
             events: events_addr,
             cluster: cluster_addr,
         };
-        let hub = Hub::new(HubConfig::new(&config.hostname));
+        let hub = Hub::new(HubConfig { max_client_feeds: config.max_change_feeds, ..HubConfig::new(&config.hostname) });
         let shard_count = shard_count(&config, &dir, transport.as_ref()).await?;
 
         let shards = Shards::open(ShardsConfig {

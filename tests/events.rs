@@ -6,7 +6,7 @@ use twinhub_testkit as common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use futures::StreamExt;
@@ -373,6 +373,33 @@ async fn sse_needs_a_service_connect_token() {
     let token = service_sas(&srv.host_name, "service", &srv.policy_key("service"), unix_now() + 3600);
     let r = try_sse(&srv, "", Some(&token), None).await;
     assert_eq!(r.status(), 200);
+}
+
+/// A node holds at most `--max-change-feeds` streams for clients; the next is refused as busy (503 with
+/// Retry-After), and a stream that closes frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_feed_streams_are_bounded_and_a_closed_one_frees_its_place() {
+    let srv =
+        Server::start(ServerOpts { extra_args: vec!["--max-change-feeds".into(), "3".into()], ..Default::default() });
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        open.push(sse(&srv, "", None).await);
+    }
+    let r = try_sse(&srv, "", Some(&owner_token(&srv)), None).await;
+    assert_eq!(r.status(), 503, "a fourth stream");
+    assert!(r.headers().contains_key("retry-after"));
+    let body = r.text().await.expect("body");
+    assert!(body.contains("ServerBusy") && body.contains("change-feed streams"), "{body}");
+    drop(open.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = try_sse(&srv, "", Some(&owner_token(&srv)), None).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the closed stream's place was not freed: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ use serde_json::json;
 
 use super::{ApiError, Shared};
 use crate::auth::Permission;
-use crate::notify::{ChangeFeed, FeedFilter, FeedItem};
+use crate::notify::{ChangeFeed, FeedFilter, FeedItem, FeedPermit};
 
 /// A comment line this often keeps proxies and idle timeouts from closing a quiet stream.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -60,11 +60,13 @@ pub async fn twin_changes(
         .filter(|v| !v.trim().is_empty())
         .map(str::to_string)
         .or_else(|| q.get("lastEventId").cloned());
+    let permit = hub.admit_client_feed().ok_or(ApiError::ConnectionLimit("change-feed streams"))?;
     let feed = hub.changes_filtered(last_event_id.as_deref(), filter);
     tracing::debug!(?last_event_id, "change feed consumer connected");
-    let stream = futures::stream::unfold(feed, |mut feed: ChangeFeed| async move {
+    // The permit lives as long as the stream: dropped with it when the client goes away.
+    let stream = futures::stream::unfold((feed, permit), |(mut feed, permit): (ChangeFeed, FeedPermit)| async move {
         let item = feed.next().await?;
-        Some((Ok::<_, Infallible>(sse_event(item)), feed))
+        Some((Ok::<_, Infallible>(sse_event(item)), (feed, permit)))
     });
     let mut resp =
         Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive")).into_response();

@@ -45,7 +45,7 @@ mod queue;
 mod tests;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -72,6 +72,8 @@ pub struct HubConfig {
     /// ... and at most this many bytes of them (JSON size): twin bodies run to tens of KB, so a count
     /// alone could pin gigabytes.
     pub retained_bytes: usize,
+    /// Feeds clients may hold at once ([`Hub::admit_client_feed`]): each has a queue of its own.
+    pub max_client_feeds: usize,
 }
 
 impl HubConfig {
@@ -83,6 +85,7 @@ impl HubConfig {
             retained: 65_536,
             // JSON size; parsed, a change takes roughly 3-4 times that in memory.
             retained_bytes: 16 << 20,
+            max_client_feeds: 256,
         }
     }
 }
@@ -101,6 +104,17 @@ pub struct Hub {
     /// into a node nobody follows costs no change events. Never goes back to false.
     issued: AtomicBool,
     closed: AtomicBool,
+    /// Client feeds admitted and not yet dropped.
+    client_feeds: AtomicUsize,
+}
+
+/// A client feed's place among the [`HubConfig::max_client_feeds`]; freed when dropped.
+pub struct FeedPermit(Arc<Hub>);
+
+impl Drop for FeedPermit {
+    fn drop(&mut self) {
+        self.0.client_feeds.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Device connections registered for desired pushes.
@@ -331,6 +345,7 @@ impl Hub {
             }),
             issued: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            client_feeds: AtomicUsize::new(0),
         })
     }
 
@@ -589,6 +604,14 @@ impl Hub {
             c.listening = Some(listening);
         }
         feed
+    }
+
+    /// A place for one more feed a client asked for, or `None` if clients hold as many as they may.
+    /// The node's own consumers (the event broker's relay) take none.
+    pub fn admit_client_feed(self: &Arc<Self>) -> Option<FeedPermit> {
+        let max = self.config.max_client_feeds;
+        self.client_feeds.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(FeedPermit(self.clone()))
     }
 
     /// Like [`Hub::changes`], only for the twins `filter` selects (resuming skips the others too).
