@@ -848,6 +848,12 @@ async fn malformed_json_and_limits_are_400_and_change_nothing() {
         let r = api.must_err(400, "ArgumentInvalid", method, path, Some(&json!({})), &[("If-Match", "*")]).await;
         assert!(r.text.contains("the request path"), "{method} {path}: {}", r.text);
     }
+    // A method the route does not serve: IoT Hub's 405 body, and the methods it does serve.
+    for path in ["/jobs/v2/x", "/twins/lim", "/devices/lim/modules"] {
+        let r = api.must_err(405, "MethodNotAllowed", "DELETE", path, None, &[]).await;
+        let allow = r.headers.get("allow").cloned().unwrap_or_default();
+        assert!(allow.contains("GET"), "{path}: Allow {allow:?}");
+    }
     // An unknown console file is IoT Hub's 404 body too, like any unknown path.
     let r = api.must_err(404, "NotFound", "GET", "/console/no-such-page.js", None, &[]).await;
     assert!(r.text.contains("/console/no-such-page.js"), "{}", r.text);
