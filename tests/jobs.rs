@@ -198,6 +198,23 @@ async fn a_condition_that_would_make_its_query_too_long_is_refused_before_anythi
     assert_eq!(listed[0]["systemMetrics"]["results"]["targetedCount"], 0, "{listed}");
 }
 
+/// A configuration key is a flat, dotted path: one of 120,000 segments fits in a request body. It is
+/// refused with a 400 naming the depth, and the node goes on serving (building that path recursively
+/// would overflow a worker's stack and take the whole node down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_key_nested_past_the_twin_depth_is_a_400_and_the_node_stays_up() {
+    let server = Server::start(ServerOpts { shard_count: Some(2), ..Default::default() });
+    let api = server.owner();
+    let key = format!("properties.desired.{}", vec!["a"; 120_000].join("."));
+    let deep = json!({"content": {"deviceContent": {key: 1}}, "targetCondition": "*"});
+    let r = api.send("PUT", "/configurations/deep", Some(&deep), &[]).await;
+    assert_error(&r, 400, "ArgumentInvalid");
+    assert!(r.text.contains("120000 levels deep"), "{}", r.text);
+    api.must(404, "GET", "/configurations/deep", None, &[]).await;
+    let ok = json!({"content": {"deviceContent": {"properties.desired.a.b.c": 1}}, "targetCondition": "*"});
+    api.must(200, "PUT", "/configurations/shallow", Some(&ok), &[]).await;
+}
+
 /// The hub's quotas, over HTTPS: the configuration after the hundredth and the job after a hundred active
 /// ones are refused with IoT Hub's 403 and nothing is stored; a job that ends frees a place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -217,6 +217,16 @@ pub fn parse(
             return Err(format!("content.deviceContent key '{key}' must start with 'properties.desired.'"));
         };
         let segments: Vec<&str> = path.split('.').collect();
+        // Before the path is built (one nesting level per segment, recursively): a flat key of 100,000
+        // segments fits in a request body and would nest that deep, past any later depth check.
+        if segments.len() > super::validate::MAX_DEPTH {
+            return Err(format!(
+                "content.deviceContent key '{:.64}…' is {} levels deep, over the maximum depth of {}",
+                key,
+                segments.len(),
+                super::validate::MAX_DEPTH
+            ));
+        }
         if segments.iter().any(|s| s.is_empty()) {
             return Err(format!("content.deviceContent key '{key}' has an empty path segment"));
         }
@@ -294,6 +304,17 @@ mod tests {
             "priority": priority,
         });
         parse(id, &body, ok, ok).unwrap()
+    }
+
+    #[test]
+    fn a_key_nested_past_the_twin_depth_is_refused_before_it_is_built() {
+        let key = |levels: usize| format!("properties.desired.{}", vec!["a"; levels].join("."));
+        let body = |levels: usize| json!({"content": {"deviceContent": {key(levels): 1}}, "targetCondition": "*"});
+        let deep = parse("c", &body(200_000), ok, ok).unwrap_err();
+        assert!(deep.contains("200000 levels deep"), "{deep}");
+        assert!(deep.len() < 300, "the error quotes the key in full: {} bytes", deep.len());
+        assert!(parse("c", &body(super::super::validate::MAX_DEPTH + 1), ok, ok).is_err());
+        parse("c", &body(5), ok, ok).unwrap();
     }
 
     #[test]
