@@ -140,6 +140,7 @@ impl Methods {
                 async move {
                     let (id, request): (TwinId, MethodRequest) =
                         postcard::from_bytes(&body).map_err(|e| CallError(format!("bad method call: {e}")))?;
+                    request.check().map_err(|e| CallError(format!("bad method call: {e}")))?;
                     let r = local.call(&id, request).await;
                     serde_json::to_vec(&r).map(bytes::Bytes::from).map_err(|e| CallError(e.to_string()))
                 }
@@ -150,7 +151,10 @@ impl Methods {
 
     /// Calls `request` on `id`'s connection, waiting up to its connect timeout for one to appear.
     pub async fn invoke(&self, id: &TwinId, request: MethodRequest) -> Result<MethodReply, MethodError> {
-        let connect_by = Instant::now() + Duration::from_secs(request.connect_timeout_secs);
+        // A checked call never waits longer than the API allows; capped all the same, as an `Instant`
+        // past the clock's range panics.
+        let wait = request.connect_timeout_secs.min(*crate::model::method::CONNECT_TIMEOUT.end());
+        let connect_by = Instant::now() + Duration::from_secs(wait);
         loop {
             match self.once(id, &request).await {
                 Err(MethodError::NotOnline) if Instant::now() < connect_by => {
@@ -174,7 +178,7 @@ impl Methods {
                 return Err(MethodError::NotOnline);
             }
         };
-        let deadline = Duration::from_secs(request.response_timeout_secs) + FORWARD_SLACK;
+        let deadline = Duration::from_secs(request.response_timeout_secs).saturating_add(FORWARD_SLACK);
         let me = t.node_id();
         let mut asked: FuturesUnordered<_> = self
             .shards

@@ -73,7 +73,8 @@ impl BackupPage {
 }
 
 impl MetaBackup {
-    /// As [`BackupPage::check_counters`], for the jobs' statistics and the configurations' etags.
+    /// As [`BackupPage::check_counters`], for the jobs' statistics and the configurations' etags; and
+    /// each job's method call against the method API's limits, as a new job's is checked.
     pub fn check_counters(&self) -> Result<(), String> {
         counter(|| "the configurations' etag_seq".into(), self.configs.etag_seq.into())?;
         for (id, c) in &self.configs.configs {
@@ -89,6 +90,9 @@ impl MetaBackup {
                 ("pending", s.pending),
             ] {
                 counter(|| format!("job {id}'s {name}"), v.into())?;
+            }
+            if let Some(m) = &j.method {
+                m.check().map_err(|e| format!("job {id}'s method call: {e}"))?;
             }
         }
         Ok(())

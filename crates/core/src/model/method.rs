@@ -32,6 +32,30 @@ impl MethodRequest {
             "connectTimeoutInSeconds": self.connect_timeout_secs,
         })
     }
+
+    /// Checks a call that did not come through [`parse`] (a restored job's) against the same limits:
+    /// the node adds its timeouts to the clock, so an absurd one must never get that far.
+    pub fn check(&self) -> Result<(), String> {
+        if !valid_name(&self.name) {
+            return Err(format!("methodName must be 1 to {MAX_NAME_LEN} characters without control characters"));
+        }
+        if self.payload_json.len() > MAX_PAYLOAD {
+            return Err(format!("the method payload is larger than {MAX_PAYLOAD} bytes"));
+        }
+        for (field, v, range) in [
+            ("responseTimeoutInSeconds", self.response_timeout_secs, RESPONSE_TIMEOUT),
+            ("connectTimeoutInSeconds", self.connect_timeout_secs, CONNECT_TIMEOUT),
+        ] {
+            if !range.contains(&v) {
+                return Err(format!("{field} must be an integer from {} to {} (got {v})", range.start(), range.end()));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= MAX_NAME_LEN && !s.chars().any(char::is_control)
 }
 
 /// A `CloudToDeviceMethod` body, checked field by field so that the error names what is wrong.
@@ -40,11 +64,7 @@ pub fn parse(doc: &Value) -> Result<MethodRequest, String> {
         return Err("the method call must be a JSON object".into());
     };
     let name = match obj.get("methodName") {
-        Some(Value::String(s))
-            if !s.is_empty() && s.chars().count() <= MAX_NAME_LEN && !s.chars().any(char::is_control) =>
-        {
-            s.clone()
-        }
+        Some(Value::String(s)) if valid_name(s) => s.clone(),
         Some(Value::String(_)) => {
             return Err(format!("methodName must be 1 to {MAX_NAME_LEN} characters without control characters"))
         }
@@ -103,6 +123,21 @@ mod tests {
         ] {
             let e = parse(&bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_call_from_elsewhere_is_held_to_the_same_limits() {
+        let ok = parse(&json!({"methodName": "reboot"})).unwrap();
+        ok.check().unwrap();
+        for (bad, says) in [
+            (MethodRequest { connect_timeout_secs: u64::MAX, ..ok.clone() }, "connectTimeoutInSeconds"),
+            (MethodRequest { response_timeout_secs: 0, ..ok.clone() }, "responseTimeoutInSeconds"),
+            (MethodRequest { name: "a\nb".into(), ..ok.clone() }, "methodName"),
+            (MethodRequest { payload_json: "1".repeat(MAX_PAYLOAD + 1), ..ok.clone() }, "larger"),
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
         }
     }
 }
