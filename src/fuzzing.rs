@@ -282,6 +282,13 @@ pub fn twin_json(data: &[u8]) {
     let _ = crate::model::validate_twin_patch(&v);
     let _ = crate::model::validate_twin_replace(&v);
     let _ = crate::model::validate_reported_patch(&v);
+    // The other service bodies read as JSON documents: a configuration (its desired paths are built
+    // from flat keys), a method call, a restore's metadata.
+    let _ = crate::model::config::parse("c", &v, |_| Ok(()), |_| Ok(()));
+    let _ = crate::model::method::parse(&v);
+    if let Ok(meta) = serde_json::from_value::<crate::model::backup::MetaBackup>(v) {
+        let _ = meta.check_counters();
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -520,7 +527,7 @@ pub fn cluster_wire(data: &[u8]) {
     let _ = postcard::from_bytes::<ShardId>(data);
     let _ = postcard::from_bytes::<(ShardId, Option<u64>)>(data);
     let _ = serde_json::from_slice::<crate::model::Command>(data);
-    let _ = serde_json::from_slice::<(NodeId, String)>(data);
+    let _ = serde_json::from_slice::<(NodeId, String, u32)>(data);
     // The answer of a forwarded write.
     let _ = crate::twin::read_write_answer(data);
 

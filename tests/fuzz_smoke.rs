@@ -700,6 +700,14 @@ mod seeds {
                 r#"{"tags":{"a.b":1,"$c":2," d":3,"e\u0000":4},"properties":{"desired":{"big":4503599627370496}}}"#,
             ),
             ("unicode", "{\"tags\":{\"caf\u{e9}\":\"\u{1f600}\\ud83d\\ude00\"}}"),
+            (
+                "configuration",
+                r#"{"id":"c1","content":{"deviceContent":{"properties.desired.fw.version":"2.0","properties.desired.fw.url":"https://example.com/fw"}},"targetCondition":"tags.site='b43'","priority":10,"labels":{"team":"a"},"metrics":{"queries":{"applied":"SELECT deviceId FROM devices WHERE properties.reported.fw.version = '2.0'"}}}"#,
+            ),
+            (
+                "method",
+                r#"{"methodName":"reboot","payload":{"delay":5},"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":10}"#,
+            ),
         ];
         v.into_iter().map(|(n, t)| (n, t.as_bytes().to_vec())).collect()
     }
@@ -767,7 +775,7 @@ mod seeds {
             ("forwarded_write", postcard::to_allocvec(&(TwinId::module("d1", "m1"), cmd.clone())).expect("encode")),
             ("map_write_json", serde_json::to_vec(&cmd).expect("encode")),
             ("event_tail", postcard::to_allocvec(&(2u32, Some(17u64))).expect("encode")),
-            ("join_json", br#"[4,"10.0.0.4:7000"]"#.to_vec()),
+            ("join_json", br#"[4,"10.0.0.4:7000",8]"#.to_vec()),
             ("endpoint", b"/cluster/v5/call/twin.write".to_vec()),
             ("signed_vote", headers),
         ]
