@@ -460,6 +460,65 @@ async fn twin_routes_keep_the_routers_bounds() {
     eprintln!("stalled twin body answered 400 after {took:?}");
 }
 
+/// Sends `method path` on an authenticated connection announcing a body of 100,000 bytes and then
+/// sends 50 bytes a second, each chunk well within the chunk timeout; the answer and when it came
+/// (`None` if none came within 40 s).
+async fn trickle(srv: &Server, method: &str, path: &str) -> (String, Option<Duration>) {
+    let ca = tls_connector(&srv.ca_pem);
+    let mut s = tls_from(&ca, lo(2), srv.port).await.expect("connect");
+    let auth = srv.owner().auth_header().expect("owner token");
+    let head = format!(
+        "{method} {path}?api-version=2021-04-12 HTTP/1.1\r\nHost: localhost\r\nAuthorization: {auth}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"tags\": {{"
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    let (mut r, mut w) = tokio::io::split(s);
+    let sender = tokio::spawn(async move {
+        let chunk = [b' '; 50];
+        while w.write_all(&chunk).await.is_ok() && w.flush().await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2048];
+    let answered = loop {
+        if got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}") {
+            break Some(t0.elapsed());
+        }
+        match tokio::time::timeout(Duration::from_secs(40).saturating_sub(t0.elapsed()), r.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break got.windows(4).any(|w| w == b"\r\n\r\n").then(|| t0.elapsed()),
+            Err(_) => break None,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    sender.abort();
+    (String::from_utf8_lossy(&got).to_string(), answered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_trickles_in_is_cut_off() {
+    let srv = Server::start(hardened(HANDSHAKE_SECS, 16));
+    let owner = srv.owner();
+    owner.must_create_device("slow-1").await;
+    let before = owner.must_get_twin("slow-1").await;
+    // A chunk every second never trips the 10 s chunk timeout; 50 bytes a second is far below the
+    // 4,096 a body must average once its first 10 s are spent. A twin route (served without the
+    // router) and a routed one, at the same time.
+    let (twin, query) = tokio::join!(trickle(&srv, "PATCH", "/twins/slow-1"), trickle(&srv, "POST", "/devices/query"));
+    for (what, (text, took)) in [("twin patch", twin), ("query", query)] {
+        let took = took.unwrap_or_else(|| panic!("{what}: no answer within 40 s to a trickling body: {text:.300}"));
+        eprintln!("{what}: answered after {took:?}");
+        assert!(text.starts_with("HTTP/1.1 400"), "{what}: {text:.400}");
+        assert!(text.contains("too slowly"), "{what}: the answer does not say why: {text:.400}");
+        assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(16), "{what}: answered after {took:?}");
+    }
+    let after = owner.must_get_twin("slow-1").await;
+    assert_eq!(after["$version"], before["$version"], "a cut-off body changed the twin: {after}");
+    // The connection's limits did not outlast it: the same client goes on.
+    owner.must(200, "PATCH", "/twins/slow-1", Some(&json!({"tags": {"a": 1}})), &[]).await;
+}
+
 /// Sends on `api`'s pooled, authenticated connection while the HTTPS port refuses every new one. The
 /// client puts a connection back into its pool a moment after the previous response ended; a request
 /// sent in that moment opens a new connection, which the flood gets refused. So a transport error is

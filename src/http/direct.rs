@@ -7,7 +7,7 @@
 //! nodes' CPU, more than the handler's own work. So a connection's service looks at the request line
 //! first: the three twin routes, for device and module twins, are called here directly, passing the same
 //! steps the router's layers apply, in the same order and through the same functions (request metrics,
-//! the credential check before any body is read, the body's size limit and chunk timeout, then the
+//! the credential check before any body is read, the body's size limit and pace, then the
 //! handler). Any other request, and any twin path this does not recognise exactly, goes to the router,
 //! which answers it as before (its 404, 405 and rejections included).
 
@@ -18,17 +18,15 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Bytes;
 use axum::http::{Method, Request};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
-use super::body::Unread;
+use super::body::{self, Paced};
 use super::serve::ConnState;
-use super::{metrics, twins, Shared, BODY_CHUNK_TIMEOUT, BODY_LIMIT};
+use super::{metrics, twins, Shared, BODY_LIMIT};
 use crate::ids::TwinId;
 
 /// The route patterns the router declares for the same requests: the `route` label of their metrics.
@@ -146,22 +144,11 @@ async fn answer(st: Shared, conn: &Arc<ConnState>, id: TwinId, action: Action, r
     let result = match action {
         Action::Read => twins::get(st, id, parts.headers).await,
         Action::Patch | Action::Replace => {
-            let raw = read_body(body).await;
+            let raw = body::collect(Paced::new(body), BODY_LIMIT).await;
             twins::write(st, id, parts.headers, raw, action == Action::Replace).await
         }
     };
     result.into_response()
-}
-
-/// The whole body, at most [`BODY_LIMIT`] bytes, each chunk within [`BODY_CHUNK_TIMEOUT`]: the
-/// limits the router's layers put on every body.
-async fn read_body(body: Incoming) -> Result<Bytes, Unread> {
-    let body = tower_http::timeout::TimeoutBody::new(BODY_CHUNK_TIMEOUT, body);
-    match Limited::new(body, BODY_LIMIT).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Unread::TooLarge),
-        Err(e) => Err(Unread::Failed(e.to_string())),
-    }
 }
 
 #[cfg(test)]

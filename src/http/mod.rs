@@ -173,9 +173,6 @@ const OPEN_PATHS: [&str; 4] = ["/health", "/ready", "/metrics", WEBSOCKET_PATH];
 /// MQTT over WebSockets: open, because the device authenticates in its MQTT CONNECT.
 pub const WEBSOCKET_PATH: &str = "/$iothub/websocket";
 
-/// Longest wait for the next chunk of a request body.
-const BODY_CHUNK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Runs before every routed handler, so before any body is read: a request without a valid policy
 /// token of this hub is answered 401 at once (with `Connection: close`), and its body is never
 /// buffered. The first request with a valid token marks its connection authenticated (see
@@ -265,7 +262,7 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth_first))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(BODY_CHUNK_TIMEOUT))
+        .layer(tower::util::MapRequestLayer::new(body::paced))
         .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }
