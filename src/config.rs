@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// its own [default: 256]
     #[arg(long)]
     pub max_change_feeds: Option<usize>,
+    /// Distinct subscription filters the event broker admits over the node's life: it keeps a log of
+    /// recent events for each, for good [default: 64]
+    #[arg(long)]
+    pub max_event_filters: Option<usize>,
     /// Seconds a new connection has for its TLS handshake, and again for its first request head or
     /// MQTT CONNECT [default: 10]
     #[arg(long)]
@@ -154,7 +158,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub idle_timeout_secs: Option<u64>,
     /// Largest MQTT keep-alive in seconds: larger values, and keep-alive 0, are lowered to it, and a
-    /// device connection silent for 1.5 times its keep-alive is closed [default: 1740]
+    /// device or event-broker connection silent for 1.5 times its keep-alive is closed [default: 1740]
     #[arg(long)]
     pub mqtt_max_keep_alive_secs: Option<u64>,
     /// How often automatic device configurations are re-evaluated against the fleet (twins that start
@@ -208,6 +212,7 @@ pub struct FileConfig {
     pub max_unauthenticated: Option<usize>,
     pub max_unauthenticated_per_source: Option<usize>,
     pub max_change_feeds: Option<usize>,
+    pub max_event_filters: Option<usize>,
     pub handshake_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
     pub mqtt_max_keep_alive_secs: Option<u64>,
@@ -277,6 +282,8 @@ pub struct Config {
     pub events_batch: std::time::Duration,
     /// Change-feed streams clients may hold at once.
     pub max_change_feeds: usize,
+    /// Distinct subscription filters the event broker admits.
+    pub max_event_filters: usize,
     /// Scheduling class of the node's threads (set before the runtime starts).
     pub cpu_scheduling: crate::sched::CpuScheduling,
     /// Connection bounds and timeouts of every listener.
@@ -583,6 +590,8 @@ impl Config {
             events_batch: std::time::Duration::from_millis(events_batch_ms),
             max_change_feeds: count(args.max_change_feeds, "TWINHUB_MAX_CHANGE_FEEDS", file.max_change_feeds)?
                 .unwrap_or(256),
+            max_event_filters: count(args.max_event_filters, "TWINHUB_MAX_EVENT_FILTERS", file.max_event_filters)?
+                .unwrap_or(64),
             cpu_scheduling,
             data_dir: path(args.data_dir, "TWINHUB_DATA_DIR", file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./twinhub-data")),

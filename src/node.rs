@@ -226,6 +226,10 @@ impl Node {
             config.hostname.clone(),
             gates.events.clone(),
             gates.limits.handshake_timeout,
+            crate::notify::broker::ClientLimits {
+                max_filters: config.max_event_filters,
+                max_keep_alive: config.mqtt_max_keep_alive,
+            },
             config.events_batch,
             stop.clone(),
         );

@@ -679,6 +679,52 @@ async fn a_burst_of_events_reaches_a_subscriber_whole_and_in_order() {
     assert!(next_publish(&mut el, Duration::from_millis(500)).await.is_none(), "nothing more than the burst");
 }
 
+/// What back ends can make the broker keep is bounded: distinct subscription filters (rumqttd keeps
+/// a log for each for good) up to `--max-event-filters`, and a keep-alive of 0 ("never", which rumqttd
+/// refuses outright) becomes the node's maximum instead of a dropped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_filters_are_bounded_and_keep_alive_zero_is_served() {
+    let srv =
+        Server::start(ServerOpts { extra_args: vec!["--max-event-filters".into(), "3".into()], ..Default::default() });
+    let mut o = broker_options(&srv, "filters-1");
+    o.set_credentials("iothubowner", owner_token(&srv));
+    o.set_keep_alive(Duration::ZERO);
+    let (first, mut first_el) = broker_connect(o).await.expect("keep-alive 0 connects");
+    for filter in ["twin-changes/a", "twin-changes/b", "twin-changes/#"] {
+        subscribe(&first, &mut first_el, filter).await;
+    }
+    // A fourth distinct filter, from a back end without a client id: its connection is closed.
+    let mut o = broker_options(&srv, "");
+    o.set_credentials("iothubowner", owner_token(&srv));
+    let (second, mut second_el) = broker_connect(o).await.expect("a back end without an id connects");
+    second.subscribe("twin-changes/c", QoS::AtMostOnce).await.expect("subscribe");
+    let closed = async {
+        loop {
+            match second_el.poll().await {
+                Err(_) => return true,
+                Ok(Event::Incoming(Packet::SubAck(_))) => return false,
+                Ok(_) => continue,
+            }
+        }
+    };
+    assert!(tokio::time::timeout(WAIT, closed).await.expect("an answer in time"), "a fourth filter was taken");
+    // A filter already kept is still open to anyone, and delivers.
+    let mut o = broker_options(&srv, "");
+    o.set_credentials("iothubowner", owner_token(&srv));
+    let (third, mut third_el) = broker_connect(o).await.expect("connects again");
+    subscribe(&third, &mut third_el, "twin-changes/a").await;
+    srv.owner().must_create_device("a").await;
+    let (topic, _) = next_publish(&mut third_el, WAIT).await.expect("event on a kept filter");
+    assert_eq!(topic, "twin-changes/a");
+    let (topic, _) = next_publish(&mut first_el, WAIT).await.expect("event for the first back end");
+    assert_eq!(topic, "twin-changes/a");
+    let page = srv.http_client().get(format!("{}/metrics", srv.base_url)).send().await.expect("metrics");
+    let page = page.text().await.expect("metrics text");
+    for want in ["twinhub_notify_broker_filters_refused_total 1", "twinhub_notify_broker_filters 3"] {
+        assert!(page.lines().any(|l| l == want), "no '{want}' in /metrics");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_ends_cannot_forge_events() {
     let srv = Server::start_default();

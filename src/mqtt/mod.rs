@@ -100,11 +100,7 @@ impl Limits {
     /// The keep-alive a connection gets for the one its CONNECT asked for: 0 ("no keep-alive") and
     /// anything above the maximum become the maximum.
     pub fn keep_alive(&self, asked: u16) -> u16 {
-        if asked == 0 {
-            self.max_keep_alive
-        } else {
-            asked.min(self.max_keep_alive)
-        }
+        crate::net::clamp_keep_alive(asked, self.max_keep_alive)
     }
 }
 

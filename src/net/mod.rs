@@ -19,6 +19,17 @@ use std::time::Duration;
 
 pub use fds::CapOverrides;
 
+/// The MQTT keep-alive a server holds a client to: what it asked, but at most `max`, and `max` for 0
+/// ("never"), so that no connection can stay silent for ever. One rule for the device front door and
+/// the back-end event broker.
+pub fn clamp_keep_alive(asked: u16, max: u16) -> u16 {
+    if asked == 0 {
+        max
+    } else {
+        asked.min(max)
+    }
+}
+
 /// The connection bounds and timeouts of a node's listeners, as configured.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetLimits {

@@ -25,7 +25,10 @@
 //! no way to forbid client publishes, so the gate refuses wills and closes any client connection that
 //! sends a PUBLISH: only the node's feed link publishes on `twin-changes/...`. Subscriptions are not
 //! restricted (every authorised back end may read every twin's changes, as with `ServiceConnect` on the
-//! REST API).
+//! REST API), but bounded: rumqttd keeps a log per distinct filter for its whole life, so the gate
+//! admits at most `--max-event-filters` distinct filters per node and closes a connection whose
+//! SUBSCRIBE would add more; it clamps keep-alives as the device front door does, and gives back ends
+//! without a client id one from a reused pool (see [`gate`]).
 //!
 //! # Connection bounds
 //! Every accepted socket takes a permit of the node's `events` [`ConnGate`] before anything else; a
@@ -64,6 +67,7 @@ use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+pub use self::gate::ClientLimits;
 use self::gate::Gate;
 use self::internal::InternalLogin;
 use super::{ChangeEvent, FeedItem, Hub};
@@ -267,7 +271,8 @@ fn message_of(item: FeedItem) -> Publish {
 }
 
 /// Serves the event broker on `listener` (TLS with `tls`) until `stop`. `gate` bounds the connections it
-/// holds; `handshake_timeout` bounds the TLS handshake and, again, the wait for CONNECT.
+/// holds; `handshake_timeout` bounds the TLS handshake and, again, the wait for CONNECT; `limits` what
+/// back ends may make rumqttd keep.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
@@ -277,6 +282,7 @@ pub async fn serve(
     host: String,
     gate: Arc<ConnGate>,
     handshake_timeout: Duration,
+    limits: ClientLimits,
     batch: Duration,
     stop: CancellationToken,
 ) -> Result<(), BrokerError> {
@@ -299,13 +305,7 @@ pub async fn serve(
     start_feed(hub.clone(), link, gate.clone(), batch)?;
     tracing::info!(public = ?listener.local_addr().ok(), %internal, "event broker ready");
 
-    let relay = Arc::new(Gate {
-        upstream: internal,
-        policies,
-        host: Arc::from(host.as_str()),
-        internal: login,
-        connect_timeout: handshake_timeout,
-    });
+    let relay = Arc::new(Gate::new(internal, policies, Arc::from(host.as_str()), login, handshake_timeout, limits));
     let acceptor = TlsAcceptor::from(tls);
     loop {
         let (tcp, peer) = tokio::select! {

@@ -16,9 +16,17 @@
 //!
 //! A connection holds its [`ConnPermit`] from accept on; it becomes authenticated when rumqttd accepts
 //! the forwarded CONNECT (CONNACK 0).
+//!
+//! What rumqttd keeps for the node's whole life, the gate bounds ([`ClientLimits`]): a log per distinct
+//! subscription filter (a SUBSCRIBE naming a filter past `max_filters` closes the connection, as
+//! rumqttd itself closes one whose filter it refuses), a session record per client id (a back end
+//! without an id gets one of a pool as large as the listener's connection cap, not a fresh random
+//! one per connection), and a connection's silence (its keep-alive is clamped as the device front
+//! door clamps it).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -34,9 +42,14 @@ pub const MAX_CLIENT_PACKET: usize = 64 * 1024;
 /// Where back-end client ids live in rumqttd: outside the names the node's own links use.
 pub const CLIENT_ID_PREFIX: &str = "svc.";
 
+/// Where the ids the gate gives back ends that bring none live: outside [`CLIENT_ID_PREFIX`], so no
+/// back end can name itself after one and take its connection over.
+pub const ANONYMOUS_ID_PREFIX: &str = "anon.";
+
 const CONNECT: u8 = 1;
 const CONNACK: u8 = 2;
 const PUBLISH: u8 = 3;
+const SUBSCRIBE: u8 = 8;
 
 /// Packet types a connected back end may send: acknowledgements of QoS 1/2 deliveries (PUBACK,
 /// PUBREC, PUBCOMP), SUBSCRIBE, UNSUBSCRIBE, PINGREQ and DISCONNECT.
@@ -76,6 +89,10 @@ pub enum GateError {
     ConnectTimeout(Duration),
     #[error("the internal broker did not accept the connection (CONNACK {0:?})")]
     Upstream(Option<u8>),
+    #[error("a persistent session needs a client id")]
+    AnonymousSession,
+    #[error("subscription filter '{0}' refused: the broker keeps at most {1} distinct filters")]
+    Filters(String, usize),
 }
 
 /// One MQTT control packet as read from the client: the raw bytes (to forward) and its type.
@@ -135,9 +152,9 @@ struct Cursor<'a> {
     b: &'a [u8],
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
     fn u8(&mut self) -> Result<u8, GateError> {
-        let (&v, rest) = self.b.split_first().ok_or(GateError::Malformed("CONNECT truncated"))?;
+        let (&v, rest) = self.b.split_first().ok_or(GateError::Malformed("packet truncated"))?;
         self.b = rest;
         Ok(v)
     }
@@ -146,10 +163,10 @@ impl Cursor<'_> {
         Ok(u16::from(self.u8()?) << 8 | u16::from(self.u8()?))
     }
 
-    fn bytes(&mut self) -> Result<&[u8], GateError> {
+    fn bytes(&mut self) -> Result<&'a [u8], GateError> {
         let n = usize::from(self.u16()?);
         if self.b.len() < n {
-            return Err(GateError::Malformed("CONNECT truncated"));
+            return Err(GateError::Malformed("packet truncated"));
         }
         let (v, rest) = self.b.split_at(n);
         self.b = rest;
@@ -222,18 +239,38 @@ fn put_remaining_length(out: &mut Vec<u8>, mut len: usize) {
     }
 }
 
-/// The CONNECT the gate sends rumqttd for an accepted `login`: the same protocol, clean-session flag
-/// and keep-alive; the client id in the back-end namespace (an empty one stays empty, rumqttd assigns
-/// one); the internal login instead of the client's token; no will.
-pub fn forwarded_connect(login: &Login, internal: &InternalLogin) -> Result<Vec<u8>, GateError> {
-    let client_id =
-        if login.client_id.is_empty() { String::new() } else { format!("{CLIENT_ID_PREFIX}{}", login.client_id) };
+/// The topic filters of a SUBSCRIBE's variable header and payload (a packet id, then filter and
+/// requested-QoS pairs).
+pub fn subscribe_filters(body: &[u8]) -> Result<Vec<&str>, GateError> {
+    let mut c = Cursor { b: body };
+    c.u16()?;
+    let mut filters = Vec::new();
+    while !c.b.is_empty() {
+        let filter = std::str::from_utf8(c.bytes()?).map_err(|_| GateError::Malformed("topic filter is not UTF-8"))?;
+        c.u8()?;
+        filters.push(filter);
+    }
+    if filters.is_empty() {
+        return Err(GateError::Malformed("SUBSCRIBE without a topic filter"));
+    }
+    Ok(filters)
+}
+
+/// The CONNECT the gate sends rumqttd for an accepted `login`, as `client_id` (see
+/// [`Gate::upstream_id`]): the same protocol and clean-session flag; the keep-alive clamped to
+/// `max_keep_alive`; the internal login instead of the client's token; no will.
+pub fn forwarded_connect(
+    login: &Login,
+    client_id: &str,
+    max_keep_alive: u16,
+    internal: &InternalLogin,
+) -> Result<Vec<u8>, GateError> {
     let flags = 0x80 | 0x40 | if login.clean_session { 0x02 } else { 0 };
     let mut body = Vec::with_capacity(64 + client_id.len());
     put_string(&mut body, login.protocol.as_bytes())?;
     body.push(login.level);
     body.push(flags);
-    body.extend_from_slice(&login.keep_alive.to_be_bytes());
+    body.extend_from_slice(&crate::net::clamp_keep_alive(login.keep_alive, max_keep_alive).to_be_bytes());
     put_string(&mut body, client_id.as_bytes())?;
     put_string(&mut body, internal::USER.as_bytes())?;
     put_string(&mut body, internal.password().as_bytes())?;
@@ -273,6 +310,38 @@ fn publish_topic(body: &[u8]) -> String {
     Cursor { b: body }.string().unwrap_or_default()
 }
 
+/// What back ends may make the broker keep.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientLimits {
+    /// Distinct subscription filters over the node's life. rumqttd keeps a log for each distinct filter
+    /// ever subscribed (up to three segments of recent events), checks it against each new topic, and
+    /// never drops one, not even once no one subscribes to it any more.
+    pub max_filters: usize,
+    /// Keep-alive values above this, and 0, become this (see [`crate::net::clamp_keep_alive`]).
+    pub max_keep_alive: u16,
+}
+
+/// The pool of ids for back ends that connect without one: rumqttd would make up a new one for each
+/// connection and keep a record of each for ever; from this pool a connection takes the lowest free
+/// number, so the records are as many as connections ever open at once.
+#[derive(Default)]
+struct AnonymousIds {
+    free: Vec<u32>,
+    next: u32,
+}
+
+/// A number of the anonymous pool, held while its connection lasts.
+pub struct AnonymousId<'a> {
+    gate: &'a Gate,
+    n: u32,
+}
+
+impl Drop for AnonymousId<'_> {
+    fn drop(&mut self) {
+        self.gate.anonymous.lock().unwrap_or_else(PoisonError::into_inner).free.push(self.n);
+    }
+}
+
 /// What every relayed connection shares.
 pub struct Gate {
     /// rumqttd's internal listener.
@@ -283,9 +352,70 @@ pub struct Gate {
     pub internal: Arc<InternalLogin>,
     /// CONNECT must arrive this soon after the TLS handshake, and rumqttd must answer it this soon.
     pub connect_timeout: Duration,
+    pub limits: ClientLimits,
+    /// Every filter forwarded so far: the filters rumqttd keeps a log for.
+    filters: Mutex<HashSet<String>>,
+    anonymous: Mutex<AnonymousIds>,
 }
 
 impl Gate {
+    pub fn new(
+        upstream: SocketAddr,
+        policies: Arc<Policies>,
+        host: Arc<str>,
+        internal: Arc<InternalLogin>,
+        connect_timeout: Duration,
+        limits: ClientLimits,
+    ) -> Gate {
+        Gate {
+            upstream,
+            policies,
+            host,
+            internal,
+            connect_timeout,
+            limits,
+            filters: Mutex::default(),
+            anonymous: Mutex::default(),
+        }
+    }
+
+    /// The client id rumqttd knows a back end by: its own in the back-end namespace, or, for one without
+    /// an id (clean sessions only: a persistent session needs a name to come back to), a number of the
+    /// anonymous pool, held by the returned guard.
+    pub fn upstream_id(&self, login: &Login) -> Result<(String, Option<AnonymousId<'_>>), GateError> {
+        if !login.client_id.is_empty() {
+            return Ok((format!("{CLIENT_ID_PREFIX}{}", login.client_id), None));
+        }
+        if !login.clean_session {
+            return Err(GateError::AnonymousSession);
+        }
+        let mut pool = self.anonymous.lock().unwrap_or_else(PoisonError::into_inner);
+        // The lowest free number, so that ids are reused as soon as possible.
+        let n = match pool.free.iter().enumerate().min_by_key(|(_, n)| **n) {
+            Some((i, _)) => pool.free.swap_remove(i),
+            None => {
+                pool.next += 1;
+                pool.next - 1
+            }
+        };
+        Ok((format!("{ANONYMOUS_ID_PREFIX}{n}"), Some(AnonymousId { gate: self, n })))
+    }
+
+    /// Admits the filters of a SUBSCRIBE: each already known, or room for all the new ones under
+    /// [`ClientLimits::max_filters`]. Nothing is counted for a SUBSCRIBE that is refused.
+    pub fn admit_filters(&self, filters: &[&str]) -> Result<(), GateError> {
+        let mut known = self.filters.lock().unwrap_or_else(PoisonError::into_inner);
+        let new: HashSet<&str> = filters.iter().copied().filter(|f| !known.contains(*f)).collect();
+        if known.len() + new.len() > self.limits.max_filters {
+            metrics::counter!("twinhub_notify_broker_filters_refused_total").increment(1);
+            let first = filters.iter().find(|f| new.contains(**f)).copied().unwrap_or_default();
+            return Err(GateError::Filters(first.to_string(), self.limits.max_filters));
+        }
+        known.extend(new.into_iter().map(str::to_string));
+        metrics::gauge!("twinhub_notify_broker_filters").set(known.len() as f64);
+        Ok(())
+    }
+
     /// Serves one client: authenticate its CONNECT, forward it rewritten, then relay both ways until
     /// either side closes. `permit` becomes authenticated when rumqttd accepts the CONNECT.
     pub async fn relay<S>(&self, client: S, permit: &mut ConnPermit) -> Result<(), GateError>
@@ -319,7 +449,14 @@ impl Gate {
             refuse(&mut cw, RC_NOT_AUTHORIZED).await;
             return Err(GateError::Will);
         }
-        let forwarded = match forwarded_connect(&login, &self.internal) {
+        let (client_id, _anonymous) = match self.upstream_id(&login) {
+            Ok(id) => id,
+            Err(e) => {
+                refuse(&mut cw, RC_IDENTIFIER_REJECTED).await;
+                return Err(e);
+            }
+        };
+        let forwarded = match forwarded_connect(&login, &client_id, self.limits.max_keep_alive, &self.internal) {
             Ok(f) => f,
             Err(e) => {
                 refuse(&mut cw, RC_IDENTIFIER_REJECTED).await;
@@ -348,6 +485,9 @@ impl Gate {
                 }
                 if !allowed_after_connect(p.kind) {
                     return Err(GateError::Forbidden(p.kind));
+                }
+                if p.kind == SUBSCRIBE {
+                    self.admit_filters(&subscribe_filters(&p.bytes[p.body_at..])?)?;
                 }
                 uw.write_all(&p.bytes).await?;
             }
@@ -513,13 +653,14 @@ mod tests {
     }
 
     fn test_gate(policies: Arc<Policies>, upstream: SocketAddr) -> Gate {
-        Gate {
+        Gate::new(
             upstream,
             policies,
-            host: Arc::from("localhost"),
-            internal: Arc::new(InternalLogin::generate()),
-            connect_timeout: Duration::from_secs(5),
-        }
+            Arc::from("localhost"),
+            Arc::new(InternalLogin::generate()),
+            Duration::from_secs(5),
+            ClientLimits { max_filters: 3, max_keep_alive: 30 },
+        )
     }
 
     fn test_permit() -> (Arc<crate::net::ConnGate>, ConnPermit) {
@@ -581,27 +722,73 @@ mod tests {
         assert_eq!(g.unauthenticated(), 1);
     }
 
-    #[test]
-    fn forwarded_connect_carries_the_internal_login_and_a_namespaced_client_id() {
-        let internal = InternalLogin::generate();
-        let login =
-            parse_connect(&connect_body(4, Some("iothubowner"), Some("SharedAccessSignature x"), true)).unwrap();
-        let f = forwarded_connect(&login, &internal).unwrap();
+    fn forwarded(f: &[u8]) -> Login {
         assert_eq!(f[0], 0x10);
         let body_at = f.iter().skip(1).position(|b| b & 0x80 == 0).unwrap() + 2;
-        let fwd = parse_connect(&f[body_at..]).unwrap();
+        parse_connect(&f[body_at..]).unwrap()
+    }
+
+    #[test]
+    fn forwarded_connect_carries_the_internal_login_a_namespaced_client_id_and_a_clamped_keep_alive() {
+        let gate = test_gate(Arc::new(Policies::generate()), "127.0.0.1:1".parse().unwrap());
+        let internal = InternalLogin::generate();
+        let mut login =
+            parse_connect(&connect_body(4, Some("iothubowner"), Some("SharedAccessSignature x"), true)).unwrap();
+        let (id, anonymous) = gate.upstream_id(&login).unwrap();
+        assert!(anonymous.is_none());
+        let fwd = forwarded(&forwarded_connect(&login, &id, 120, &internal).unwrap());
         assert_eq!(fwd.client_id, "svc.client-1");
         assert_eq!(
             (fwd.username.as_deref(), fwd.password.as_deref()),
             (Some(internal::USER), Some(internal.password()))
         );
         assert_eq!((fwd.will, fwd.clean_session, fwd.keep_alive, fwd.level), (false, true, 60, 4));
-        // An empty client id stays empty (rumqttd assigns one); it cannot collide with the feed link's.
-        let mut anon = login;
-        anon.client_id.clear();
-        let f = forwarded_connect(&anon, &internal).unwrap();
-        let body_at = f.iter().skip(1).position(|b| b & 0x80 == 0).unwrap() + 2;
-        assert_eq!(parse_connect(&f[body_at..]).unwrap().client_id, "");
+        // Above the maximum, or 0 ("never", which rumqttd refuses outright): the maximum.
+        assert_eq!(forwarded(&forwarded_connect(&login, &id, 30, &internal).unwrap()).keep_alive, 30);
+        login.keep_alive = 0;
+        assert_eq!(forwarded(&forwarded_connect(&login, &id, 30, &internal).unwrap()).keep_alive, 30);
+    }
+
+    #[test]
+    fn back_ends_without_an_id_share_a_pool_as_large_as_the_connections_open_at_once() {
+        let gate = test_gate(Arc::new(Policies::generate()), "127.0.0.1:1".parse().unwrap());
+        let mut login = parse_connect(&connect_body(4, None, None, false)).unwrap();
+        login.client_id.clear();
+        let (a, ga) = gate.upstream_id(&login).unwrap();
+        let (b, gb) = gate.upstream_id(&login).unwrap();
+        assert_eq!((a.as_str(), b.as_str()), ("anon.0", "anon.1"));
+        drop(ga);
+        let (c, _gc) = gate.upstream_id(&login).unwrap();
+        assert_eq!(c, "anon.0", "a number is reused once its connection has ended");
+        drop(gb);
+        let (d, _gd) = gate.upstream_id(&login).unwrap();
+        assert_eq!(d, "anon.1");
+        let (e, _ge) = gate.upstream_id(&login).unwrap();
+        assert_eq!(e, "anon.2");
+        // A named back end cannot take one of them: its id is in another namespace.
+        login.client_id = "anon.0".into();
+        assert_eq!(gate.upstream_id(&login).unwrap().0, "svc.anon.0");
+        // No id and a persistent session: nothing to come back to.
+        login.client_id.clear();
+        login.clean_session = false;
+        assert!(matches!(gate.upstream_id(&login), Err(GateError::AnonymousSession)));
+    }
+
+    #[test]
+    fn subscribe_filters_are_read_and_bounded_over_the_nodes_life() {
+        assert_eq!(subscribe_filters(&[0, 1, 0, 3, b'a', b'/', b'#', 0, 0, 1, b'b', 1]).unwrap(), ["a/#", "b"]);
+        for bad in [&[0u8, 1][..], &[0, 1, 0, 3, b'a'], &[0, 1, 0, 1, 0xff, 0], &[0, 1, 0, 1, b'a'], &[0]] {
+            assert!(matches!(subscribe_filters(bad), Err(GateError::Malformed(_))), "{bad:?}");
+        }
+        let gate = test_gate(Arc::new(Policies::generate()), "127.0.0.1:1".parse().unwrap());
+        gate.admit_filters(&["a", "b"]).unwrap();
+        gate.admit_filters(&["a", "b", "a"]).unwrap();
+        // Two new filters where there is room for one: neither is taken.
+        let refused = gate.admit_filters(&["b", "c", "d"]);
+        assert!(matches!(&refused, Err(GateError::Filters(f, 3)) if f == "c"), "{refused:?}");
+        gate.admit_filters(&["c", "c"]).unwrap();
+        assert!(gate.admit_filters(&["d"]).is_err());
+        gate.admit_filters(&["a", "b", "c"]).unwrap();
     }
 
     /// A fake rumqttd: checks the forwarded CONNECT, accepts it, then records what it receives.
@@ -635,6 +822,8 @@ mod tests {
         client.write_all(&packet(3, 0, &[0, 3, b't', b'/', b'x', b'{', b'}'])).await.unwrap();
         let r = gate.relay(server, &mut permit).await;
         assert!(matches!(&r, Err(GateError::Publish(t)) if t == "t/x"), "{r:?}");
+        assert!(gate.admit_filters(&["a/#", "b", "c"]).is_ok(), "the forwarded filter was counted");
+        assert!(gate.admit_filters(&["d"]).is_err());
         assert!(permit.is_authenticated());
         assert_eq!(g.unauthenticated(), 0);
         let mut ack = [0u8; 4];
