@@ -673,6 +673,11 @@ mod seeds {
             ("health", "GET /health\n\n".into()),
             ("raw_token", format!("GET /twins/d1/modules/m1?api-version=2021-04-12\nauthorization: {raw_service}\n\n")),
             ("no_auth_body", "PATCH /twins/d1\ncontent-type: application/json\n\n{\"tags\":{}}".into()),
+            ("put_configuration", r#"PUT /configurations/c1?api-version=2021-04-12\nauthorization: $registryReadWrite\nif-match: *\n\n{"id":"c1","content":{"deviceContent":{"properties.desired.fw.version":"2.0","properties.desired.fw.url":"https://example.com/fw"}},"targetCondition":"tags.site='b43'","priority":10,"labels":{"team":"a"},"metrics":{"queries":{"applied":"SELECT deviceId FROM devices WHERE properties.reported.fw.version = '2.0'"}}}"#.replace("\\n", "\n")),
+            ("test_queries", r#"POST /configurations/testQueries?api-version=2021-04-12\nauthorization: $registryRead\n\n{"targetCondition":"tags.site='b43'","customMetricQueries":{"applied":"SELECT deviceId FROM devices WHERE properties.reported.fw.version = '2.0'"}}"#.replace("\\n", "\n")),
+            ("put_certificate", r#"PUT /certificates/ca1?api-version=2021-04-12\nauthorization: $iothubowner\n\n{"properties":{"certificate":"MIIBezCCASGgAwIBAgIUbBCm0jLPxcKIIVZIWYbho3Me49IwCgYIKoZIzj0EAwIwEjEQMA4GA1UEAwwHZnV6ei1jYTAgFw0yNjEyMDcyMzA1NTVaGA8yMTI2MTExMzIzMDU1NVowEjEQMA4GA1UEAwwHZnV6ei1jYTBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABMXiezcOogNkcWS+/Ju1Iu2Vev0HpuNFJS5LDGnbjFSIs3g1dPG2u1+sbfeOL1NMgB1O+215Pze66xHQlfyYr3CjUzBRMB0GA1UdDgQWBBTWNhs3nQlEBKfsbVJvXAInUOEZWDAfBgNVHSMEGDAWgBTWNhs3nQlEBKfsbVJvXAInUOEZWDAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIQDGqfEyTmiUdpSMCSOEQN+2FiRV8KygJMzOhrMXiMkobwIgFoCEZqvFFAmvWPxj18rxL3R6wcw6OUH7aR7friU8AKw=","isVerified":false}}"#.replace("\\n", "\n")),
+            ("invoke_method", r#"POST /twins/d1/modules/m1/methods?api-version=2021-04-12\nauthorization: $service\n\n{"methodName":"reboot","payload":{"delay":5},"responseTimeoutInSeconds":30,"connectTimeoutInSeconds":10}"#.replace("\\n", "\n")),
+            ("restore_meta", r#"POST /cluster/restore/meta\nauthorization: $iothubowner\n\n{"jobs":{"jobs":{}},"configs":{"configs":{},"etag_seq":1}}"#.replace("\\n", "\n")),
         ];
         reqs.into_iter().map(|(n, r)| (n, r.into_bytes())).collect()
     }
@@ -792,6 +797,12 @@ fn http_seeds_get_past_authentication() {
         ("get_twin", 500),
         ("query", 500),
         ("create_job", 500),
+        ("bulk", 500), // every entry parsed first
+        ("put_configuration", 500),
+        ("test_queries", 200),
+        ("put_certificate", 500), // the certificate read and described first
+        ("invoke_method", 500),   // the call parsed, then "direct methods are not running"
+        ("restore_meta", 500),
         ("health", 200),
         ("no_auth_body", 401),
     ] {

@@ -199,14 +199,21 @@ pub async fn bulk(
     if items.is_empty() || items.len() > MAX_ENTRIES {
         return Err(bad(format!("a bulk call takes 1 to {MAX_ENTRIES} entries, got {}", items.len())));
     }
+    // Every entry is read before the twin layer is asked for: parsing needs none of it.
+    let parsed: Vec<Result<BulkEntry, ApiError>> = items
+        .iter()
+        .map(|item| {
+            serde_json::from_str::<EntryDoc>(item.get())
+                .map_err(|_| bad("each entry must be a JSON object".into()))
+                .and_then(|d| parse_entry(&d))
+        })
+        .collect();
     let twins = st.twins()?;
     let mut errors: Vec<(usize, Value)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let mut by_shard: BTreeMap<u32, Vec<(usize, BulkEntry)>> = BTreeMap::new();
-    for (i, item) in items.iter().enumerate() {
-        let doc =
-            serde_json::from_str::<EntryDoc>(item.get()).map_err(|_| bad("each entry must be a JSON object".into()));
-        match doc.and_then(|d| parse_entry(&d)) {
+    for (i, (item, entry)) in items.iter().zip(parsed).enumerate() {
+        match entry {
             Ok(entry) => {
                 if !seen.insert(entry.id.clone()) {
                     let msg = format!("{} appears more than once in the call", entry.id);
