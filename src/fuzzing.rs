@@ -255,7 +255,14 @@ pub fn twin_json(data: &[u8]) {
     let text_ok = crate::model::validate_twin_section_texts(Some(text), None).is_ok();
     let body_ok = crate::model::validate_twin_body_text(text).is_ok();
     let borrowed = crate::model::json_tree::parse(text);
-    let Ok(v) = crate::model::validate::parse_json(text) else {
+    // The one text the borrowing tree refuses on purpose (serde_json's private raw-value key, which
+    // `Value` would follow into a nesting without bound): nothing to compare, and `Value` must not
+    // read it here either.
+    if borrowed.as_ref().is_err_and(|e| e.to_string().contains(crate::model::json_tree::RESERVED_KEY)) {
+        assert!(crate::model::validate::parse_json(text).is_err(), "untrusted JSON read the reserved key");
+        return;
+    }
+    let Ok(v) = serde_json::from_str::<Value>(text) else {
         assert!(!text_ok, "the text check accepted what does not parse");
         assert!(!body_ok, "the body text check accepted what does not parse");
         assert!(borrowed.is_err(), "the borrowing tree read what Value refuses: {borrowed:?}");

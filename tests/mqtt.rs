@@ -490,6 +490,8 @@ async fn bad_reported_patches_are_400_with_error_body_and_change_nothing() {
         (json!({"a.b": 1}).to_string().into_bytes(), "a.b"),
         (deep.to_string().into_bytes(), "depth"),
         (json!({"s": "x".repeat(5000)}).to_string().into_bytes(), "s"),
+        // Read by serde_json's `Value`, this would nest 15,000 deep on one stack and abort the node.
+        (nested_raw_values(120).into_bytes(), "reserved"),
     ];
     for (payload, needle) in cases {
         let rid = next_rid();

@@ -519,6 +519,42 @@ async fn a_body_that_trickles_in_is_cut_off() {
     owner.must(200, "PATCH", "/twins/slow-1", Some(&json!({"tags": {"a": 1}})), &[]).await;
 }
 
+/// JSON that nests through serde_json's private raw-value key (a fresh nesting limit at each level,
+/// on the same stack) is refused on every route that reads a body, and the node goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_nested_through_the_raw_value_key_is_a_400_and_the_node_stays_up() {
+    let srv = Server::start_default();
+    let api = srv.owner();
+    api.must_create_device("raw-1").await;
+    let evil = nested_raw_values(120).into_bytes();
+    let wrapped = |key: &str| {
+        let mut b = format!("{{\"{key}\":").into_bytes();
+        b.extend_from_slice(&evil);
+        b.push(b'}');
+        b
+    };
+    for (method, path, body) in [
+        ("POST", "/devices/query", evil.clone()),
+        ("PUT", "/configurations/c1", evil.clone()),
+        ("PUT", "/jobs/v2/j1", evil.clone()),
+        ("POST", "/devices", evil.clone()),
+        ("PUT", "/devices/raw-2", evil.clone()),
+        ("POST", "/twins/raw-1/methods", evil.clone()),
+        ("POST", "/cluster/restore/meta", evil.clone()),
+        ("PATCH", "/twins/raw-1", evil.clone()),
+        ("PATCH", "/twins/raw-1", wrapped("tags")),
+        ("PUT", "/twins/raw-1", wrapped("properties")),
+    ] {
+        let r = api.send_raw(method, path, Some(body), &[]).await;
+        assert_eq!(r.status, 400, "{method} {path}: {}", r.text);
+        if !path.starts_with("/twins/raw-1") || method == "POST" {
+            assert!(r.text.contains("reserved"), "{method} {path}: {}", r.text);
+        }
+    }
+    api.must_create_device("raw-3").await;
+    assert_eq!(api.must_get_twin("raw-1").await["version"], api.must_get_twin("raw-3").await["version"]);
+}
+
 /// Sends on `api`'s pooled, authenticated connection while the HTTPS port refuses every new one. The
 /// client puts a connection back into its pool a moment after the previous response ended; a request
 /// sent in that moment opens a new connection, which the flood gets refused. So a transport error is

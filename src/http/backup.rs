@@ -79,6 +79,7 @@ pub async fn shard_page(
 pub async fn restore_meta(State(st): State<Shared>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
     let body = super::body::read_after_checks(body, RESTORE_BODY_LIMIT, "metadata backup").await?;
+    super::body::check_untrusted(&body)?;
     let meta: MetaBackup =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a metadata backup: {e}")))?;
     meta.check_counters().map_err(ApiError::BadRequest)?;
@@ -96,6 +97,7 @@ pub async fn restore_shard(
     st.authorize(&headers, RESOURCE, Permission::ClusterAdmin)?;
     let shard = shard_arg(&st, shard)?;
     let body = super::body::read_after_checks(body, RESTORE_BODY_LIMIT, "backup page").await?;
+    super::body::check_untrusted(&body)?;
     let page: BackupPage =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("not a backup page: {e}")))?;
     page.check_counters().map_err(ApiError::BadRequest)?;

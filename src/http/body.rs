@@ -132,8 +132,21 @@ pub fn json(body: Result<Bytes, impl Into<Unread>>, what: &str) -> Result<Value,
     parse(&bytes(body, what)?)
 }
 
+/// Refuses a body that is not JSON as untrusted JSON is read (see `json_tree::parse_untrusted`), for
+/// routes that read it into their own types, parts of which become `Value`s.
+pub fn check_untrusted(bytes: &[u8]) -> Result<(), ApiError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: not UTF-8 ({e})")))?;
+    crate::model::json_tree::parse(text)
+        .map(drop)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+}
+
 fn parse(bytes: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: not UTF-8 ({e})")))?;
+    crate::model::json_tree::parse_untrusted(text)
+        .map_err(|e| ApiError::BadRequest(format!("malformed JSON body: {e}")))
 }
 
 /// The text of a body that should hold a `what` JSON document, unparsed: a twin write checks it

@@ -195,6 +195,8 @@ pub async fn bulk(
 ) -> Result<Response, ApiError> {
     st.authorize(&headers, "devices", Permission::RegistryWrite)?;
     let bytes = body::bytes(raw, "ExportImportDevice array")?;
+    // The entries' parts are read as `Value`s below: the whole body is first read as untrusted JSON.
+    body::check_untrusted(&bytes)?;
     let items = entries(&bytes)?;
     if items.is_empty() || items.len() > MAX_ENTRIES {
         return Err(bad(format!("a bulk call takes 1 to {MAX_ENTRIES} entries, got {}", items.len())));

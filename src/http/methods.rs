@@ -42,7 +42,7 @@ async fn invoke(
         .into());
     }
     let reply = methods.invoke(&id, request).await?;
-    let payload: Value = serde_json::from_str(&reply.payload_json).unwrap_or(Value::Null);
+    let payload: Value = crate::model::json_tree::parse_untrusted(&reply.payload_json).unwrap_or(Value::Null);
     Ok(ok_json(&json!({ "status": reply.status, "payload": payload })))
 }
 

@@ -25,7 +25,6 @@ use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rumqttd::protocol::{ConnAckProperties, Packet, Publish};
-use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -554,8 +553,13 @@ impl Connection {
     /// proposed with the request id the session's `$rid` memory gives it.
     fn patch_reported(&mut self, rid: String, payload: Bytes, dup: bool, puback: Option<u16>, started: Instant) {
         let kind = TwinRequest::PatchReported;
-        let checked = serde_json::from_slice::<Value>(&payload)
-            .map_err(|e| RequestError::BadRequest(format!("the reported properties patch is not valid JSON: {e}")))
+        let checked = std::str::from_utf8(&payload)
+            .map_err(|_| RequestError::BadRequest("the reported properties patch is not UTF-8".into()))
+            .and_then(|text| {
+                crate::model::json_tree::parse_untrusted(text).map_err(|e| {
+                    RequestError::BadRequest(format!("the reported properties patch is not valid JSON: {e}"))
+                })
+            })
             .and_then(|v| validate_reported_patch(&v).map_err(RequestError::from))
             .and_then(|()| {
                 String::from_utf8(payload.to_vec())

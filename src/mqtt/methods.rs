@@ -206,15 +206,17 @@ impl Methods {
 }
 
 /// The device's method answer as JSON text: as sent when it is JSON, `null` when empty, otherwise the
-/// bytes as a JSON string (the caller always gets valid JSON).
+/// bytes as a JSON string (the caller always gets valid JSON). JSON is judged as untrusted JSON is
+/// read everywhere (see `json_tree::parse_untrusted`), so an answer that holds serde_json's private
+/// raw-value key travels as a string, never as JSON a later reader would follow.
 pub fn answer_json(payload: &[u8]) -> String {
     let trimmed = payload.trim_ascii();
     if trimmed.is_empty() {
         return "null".into();
     }
-    match serde_json::from_slice::<serde::de::IgnoredAny>(trimmed) {
-        Ok(_) => String::from_utf8_lossy(trimmed).into_owned(),
-        Err(_) => serde_json::to_string(&String::from_utf8_lossy(payload)).unwrap_or_else(|_| "null".into()),
+    match std::str::from_utf8(trimmed) {
+        Ok(text) if crate::model::json_tree::parse(text).is_ok() => text.to_string(),
+        _ => serde_json::to_string(&String::from_utf8_lossy(payload)).unwrap_or_else(|_| "null".into()),
     }
 }
 

@@ -451,6 +451,19 @@ pub fn py_quote_plus(s: &str) -> String {
     s.split(' ').map(|p| py_quote(p, "")).collect::<Vec<_>>().join("+")
 }
 
+/// JSON that nests without bound through serde_json's private raw-value key: `levels` levels of 125
+/// arrays around an object whose one key is that key, over the escaped text of the level below. A
+/// reader that follows the key (serde_json's `Value`) parses each level with a fresh nesting limit on
+/// the same stack; 120 levels (about 100 KiB) are 15,000 nestings deep.
+pub fn nested_raw_values(levels: usize) -> String {
+    let mut t = "0".to_string();
+    for _ in 0..levels {
+        let escaped = t.replace('\\', "\\u005c").replace('"', "\\u0022");
+        t = format!("{}{{\"$serde_json::private::RawValue\":\"{escaped}\"}}{}", "[".repeat(125), "]".repeat(125));
+    }
+    t
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }

@@ -174,8 +174,9 @@ impl ShardState {
                         row.end_ms = at;
                         match outcome {
                             Ok((status, payload_json)) => {
-                                let payload = serde_json::from_str::<serde_json::Value>(payload_json)
-                                    .unwrap_or(serde_json::Value::Null);
+                                // A device's text: read as untrusted, as the front door read it.
+                                let payload =
+                                    super::json_tree::parse_untrusted(payload_json).unwrap_or(serde_json::Value::Null);
                                 row.succeeded = true;
                                 row.method_response_json =
                                     Some(serde_json::json!({"status": status, "payload": payload}).to_string());

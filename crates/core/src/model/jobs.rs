@@ -330,7 +330,7 @@ impl DeviceJobRow {
             "lastUpdatedDateTimeUtc": format_ms(self.end_ms),
             "outcome": {},
         });
-        if let Some(r) = self.method_response_json.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()) {
+        if let Some(r) = self.method_response_json.as_deref().and_then(|r| super::json_tree::parse_untrusted(r).ok()) {
             v["outcome"] = json!({ "deviceMethodResponse": r });
         }
         if let Some(e) = &self.error {

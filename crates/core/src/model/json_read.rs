@@ -5,7 +5,8 @@
 //! something else when the key comes first: a number (with `arbitrary_precision`) and a raw value (with
 //! `raw_value`; the string after it is read again as JSON). No SDK sends them. A reader that meets one
 //! where the tree would treat it that way does not imitate the tree: it says so ([`TreeNeeded`]), and
-//! its caller reads the whole text as a tree instead.
+//! its caller reads the whole text as a tree instead. (The tree twin bodies are read into, `json_tree`,
+//! refuses the raw-value key wherever it stands, so a reader stops at that key in any place.)
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -35,9 +36,10 @@ pub(super) enum Read<T> {
 pub(super) struct TreeNeeded(Cell<bool>);
 
 impl TreeNeeded {
-    /// Stops the reading if `first_key`, the first key of an object, is one the tree reads specially.
-    pub(super) fn unless_plain<E: serde::de::Error>(&self, first_key: &str) -> Result<(), E> {
-        if first_key == NUMBER_TOKEN || first_key == RAW_VALUE_TOKEN {
+    /// Stops the reading if `key` is one the tree reads specially: either private key first in an
+    /// object, and the raw-value key anywhere (the tree refuses it wherever it stands, see `json_tree`).
+    pub(super) fn unless_plain<E: serde::de::Error>(&self, key: &str, first: bool) -> Result<(), E> {
+        if key == RAW_VALUE_TOKEN || (first && key == NUMBER_TOKEN) {
             return Err(self.stop());
         }
         Ok(())
@@ -131,9 +133,7 @@ impl<'de> Visitor<'de> for Skip<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut first = true;
         while let Some(key) = map.next_key::<Key<'de>>()? {
-            if std::mem::take(&mut first) {
-                self.0.unless_plain(&key)?;
-            }
+            self.0.unless_plain(&key, std::mem::take(&mut first))?;
             map.next_value_seed(self)?;
         }
         Ok(())

@@ -9,15 +9,21 @@
 //!
 //! It must read every text exactly as `Value` reads it (apply's outcome is the replicated state, and
 //! the front door checks bodies by `Value`'s reading): [`Json`]'s visitor mirrors `Value`'s, including
-//! serde_json's two private keys (a number's text under [`NUMBER_TOKEN`] and a raw value under
-//! [`RAW_VALUE_TOKEN`], see `json_read`), and an object's repeated key keeps its first place and its
-//! last value, as `Value`'s ordered map does. It renders (through serde) the text `Value` renders, and
-//! converts to and from `Value` for the paths that hold one.
+//! serde_json's private number key (a number's text under [`NUMBER_TOKEN`], see `json_read`), and an
+//! object's repeated key keeps its first place and its last value, as `Value`'s ordered map does. It
+//! renders (through serde) the text `Value` renders, and converts to and from `Value` for the paths
+//! that hold one.
+//!
+//! With one exception, which makes it the reader for JSON from outside ([`parse_untrusted`]): an
+//! object keyed by serde_json's private raw-value key ([`RAW_VALUE_TOKEN`]) is refused. `Value` reads
+//! the string under that key as JSON text again, with a fresh parser and a fresh nesting limit, on the
+//! same stack; a raw value inside a raw value inside… nests without bound, and a 256 KiB body nested
+//! that way overflows a thread's stack and aborts the process.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Number, Value};
 
@@ -43,10 +49,22 @@ pub enum Json<'a> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Members<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
 
-/// Reads `text` as `serde_json::from_str::<Value>` would, into a borrowing tree.
+/// Reads `text` as `serde_json::from_str::<Value>` would, into a borrowing tree; an object keyed by
+/// serde_json's private raw-value key is an error (see the module doc).
 pub fn parse(text: &str) -> Result<Json<'_>, serde_json::Error> {
     serde_json::from_str(text)
 }
+
+/// JSON from outside (a request body, a device's message) as a `Value`: what
+/// `serde_json::from_str::<Value>` reads, except that serde_json's private raw-value key is refused
+/// rather than followed into a nesting without bound (see the module doc). Every `Value` read from
+/// untrusted text is read here, or from text that was.
+pub fn parse_untrusted(text: &str) -> Result<Value, serde_json::Error> {
+    parse(text).map(|j| j.to_value())
+}
+
+/// The error [`parse`] gives for serde_json's private raw-value key.
+pub const RESERVED_KEY: &str = "the key \"$serde_json::private::RawValue\" is reserved by the JSON reader";
 
 impl<'a> Json<'a> {
     pub fn is_null(&self) -> bool {
@@ -412,12 +430,15 @@ impl<'de> Visitor<'de> for JsonVisitor {
         if first == NUMBER_TOKEN {
             return map.next_value::<NumberFromString>().map(|n| Json::Number(n.0));
         }
+        // Refused in any place: a later key can come first once a document is merged or re-rendered.
         if first == RAW_VALUE_TOKEN {
-            let raw = map.next_value_seed(RawText)?;
-            return parse(&raw).map(Json::into_owned).map_err(de::Error::custom);
+            return Err(de::Error::custom(RESERVED_KEY));
         }
         let mut entries = vec![(first, map.next_value()?)];
         while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+            if key == RAW_VALUE_TOKEN {
+                return Err(de::Error::custom(RESERVED_KEY));
+            }
             entries.push((key, map.next_value()?));
         }
         Ok(Json::Object(Members::from_entries(entries)))
@@ -445,33 +466,6 @@ impl<'de> Deserialize<'de> for NumberFromString {
     }
 }
 
-/// The text given under [`RAW_VALUE_TOKEN`], read again as JSON (as `Value` reads it).
-struct RawText;
-
-impl<'de> DeserializeSeed<'de> for RawText {
-    type Value = Cow<'de, str>;
-
-    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Cow<'de, str>, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Cow<'de, str>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("raw value")
-            }
-
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Cow<'de, str>, E> {
-                Ok(Cow::Borrowed(s))
-            }
-
-            fn visit_str<E>(self, s: &str) -> Result<Cow<'de, str>, E> {
-                Ok(Cow::Owned(s.to_string()))
-            }
-        }
-        de.deserialize_str(V)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,6 +475,12 @@ mod tests {
     fn same_as_value(text: &str) {
         let tree = serde_json::from_str::<Value>(text);
         let ours = parse(text);
+        if text.contains(RAW_VALUE_TOKEN) {
+            // The one reading that differs on purpose: refused, wherever the key stands.
+            let e = ours.expect_err(text).to_string();
+            assert!(e.contains(RESERVED_KEY), "{text}: {e}");
+            return;
+        }
         match (&tree, &ours) {
             (Ok(v), Ok(j)) => {
                 assert_eq!(&j.to_value(), v, "{text}");
@@ -489,6 +489,39 @@ mod tests {
             }
             (Err(_), Err(_)) => {}
             _ => panic!("{text}: Value read {tree:?}, Json read {ours:?}"),
+        }
+    }
+
+    /// Raw values nested in raw values, as a hostile client would send them: `levels` levels of 125
+    /// arrays around an object whose one key is serde_json's private raw-value key, over the escaped
+    /// text of the level below (~140 levels fit in a 256 KiB body: about 17,500 nestings deep).
+    fn nested_raw_values(levels: usize) -> String {
+        let mut t = "0".to_string();
+        for _ in 0..levels {
+            let escaped = t.replace('\\', "\\u005c").replace('"', "\\u0022");
+            t = format!("{}{{\"{RAW_VALUE_TOKEN}\":\"{escaped}\"}}{}", "[".repeat(125), "]".repeat(125));
+        }
+        t
+    }
+
+    #[test]
+    fn a_raw_value_nested_in_raw_values_is_refused_at_once_on_a_small_stack() {
+        let text = nested_raw_values(140);
+        assert!(text.len() < 256 * 1024, "{} bytes", text.len());
+        // `Value` would read this as 17,500 nestings on one stack; a quarter of a MiB is plenty here.
+        let read = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || parse_untrusted(&text).map_err(|e| e.to_string()))
+            .unwrap()
+            .join()
+            .unwrap();
+        let e = read.unwrap_err();
+        assert!(e.contains(RESERVED_KEY), "{e}");
+        // The key is refused wherever it stands, also escaped.
+        for text in
+            [r#"{"a":1,"$serde_json::private::RawValue":"1"}"#, r#"[{"\u0024serde_json::private::RawValue":"1"}]"#]
+        {
+            assert!(parse_untrusted(text).unwrap_err().to_string().contains(RESERVED_KEY), "{text}");
         }
     }
 

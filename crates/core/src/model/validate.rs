@@ -68,9 +68,9 @@ pub struct ServiceBody<'a> {
     pub desired: Section<'a>,
 }
 
-/// Parses the text of a command's JSON body.
+/// Parses the text of a command's JSON body (as untrusted text: see [`json_tree::parse_untrusted`]).
 pub fn parse_json(text: &str) -> Result<serde_json::Value, TwinError> {
-    serde_json::from_str(text).map_err(malformed)
+    json_tree::parse_untrusted(text).map_err(malformed)
 }
 
 /// Parses the text of a command's JSON body into a tree that borrows from it (see `json_tree`): as
