@@ -138,14 +138,14 @@ pub async fn metric_results(
     let marked = if configs.is_empty() { BTreeMap::new() } else { marked_twins(twins).await? };
     let mut out = BTreeMap::new();
     for c in configs {
-        let targeted = twins.scan(&target_query(&c.spec.target_condition)).await?.len();
+        let targeted = twins.count(&target_query(&c.spec.target_condition)).await?;
         let applied = marked
             .values()
             .filter(|m| m.get(&c.spec.id).map(String::as_str) == Some(crate::model::config::APPLIED))
             .count();
         let mut user = serde_json::Map::new();
         for (name, q) in &c.spec.metric_queries {
-            let n = twins.scan(q).await.map(|rows| rows.len()).unwrap_or(0);
+            let n = twins.count(q).await.unwrap_or(0);
             user.insert(name.clone(), Value::from(n));
         }
         let system = serde_json::json!({"targetedCount": targeted, "appliedCount": applied});

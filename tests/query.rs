@@ -161,3 +161,27 @@ async fn queries_scatter_over_shards_and_page() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
 }
+
+/// A SELECT list may name the whole document under hundreds of names within its 8192 characters: each
+/// row would hold that many copies of its twin, a page a thousand such rows. A row past 1 MiB is a
+/// 400 that says so; the same twins queried plainly still answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_copies_its_twin_hundreds_of_times_is_refused() {
+    let server = Server::start(ServerOpts { shard_count: Some(4), ..Default::default() });
+    let api = server.owner();
+    for i in 0..3 {
+        let id = format!("big-{i}");
+        api.must_create_device(&id).await;
+        let tags: serde_json::Map<String, Value> =
+            (0..8).map(|k| (format!("t{k}"), Value::String("x".repeat(900)))).collect();
+        api.must_patch_twin(&id, &json!({ "tags": tags })).await;
+    }
+    let items: Vec<String> = (0..200).map(|i| format!("d AS c{i}")).collect();
+    let q = format!("SELECT {} FROM devices d", items.join(", "));
+    let r = query(&api, &q, &[]).await;
+    assert_error(&r, 400, "ArgumentInvalid");
+    assert!(r.text.contains("larger than 1024 KiB"), "{}", r.text);
+    let r = query(&api, "SELECT d AS c0, d AS c1 FROM devices d", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(r.json().as_array().map(Vec::len), Some(3));
+}

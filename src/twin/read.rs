@@ -175,6 +175,7 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
     let limit = query::page_limit(max_items, q.top(), cursor.as_ref()).saturating_add(1);
     let after: RowKey = cursor.map(|c| c.last).unwrap_or_default();
     let mut rows = Vec::new();
+    let mut bytes = 0usize;
     let all =
         indexed(s, &q, after.first().map(String::as_str)).unwrap_or_else(|| candidates(s, q.collection(), &after));
     for c in all {
@@ -183,7 +184,15 @@ pub fn run_query(s: &ShardState, text: &str, cursor: Option<&str>, max_items: us
         }
         if c.matches(&q) {
             let doc = c.render(&to_project);
-            if let Some(row) = q.project(&doc) {
+            if let Some((row, size)) = q.project_bounded(&doc)? {
+                bytes += size;
+                if bytes > query::MAX_PAGE_BYTES {
+                    return Err(format!(
+                        "a page of this query would hold more than {} MiB: ask for fewer rows a page \
+                         (x-ms-max-item-count) or select fewer members",
+                        query::MAX_PAGE_BYTES >> 20
+                    ));
+                }
                 rows.push((query::row_key(q.collection(), &doc), row));
             }
         }

@@ -91,11 +91,26 @@ impl Twins {
     /// Every row of the (non-aggregate) query `text`, with the shard it came from, shard by shard in
     /// row-key order. No shard is asked for more than a page at a time.
     pub async fn scan(&self, text: &str) -> Result<Vec<(ShardId, Value)>, ShardError> {
+        let mut out = Vec::new();
+        self.each_row(text, |shard, row| out.push((shard, row))).await?;
+        Ok(out)
+    }
+
+    /// How many rows the row query `text` makes over every shard, counted a page at a time: no more
+    /// than a page's rows are held at once, however large the fleet (a configuration's metrics are
+    /// such counts, of queries its author wrote).
+    pub async fn count(&self, text: &str) -> Result<usize, ShardError> {
+        let mut n = 0;
+        self.each_row(text, |_, _| n += 1).await?;
+        Ok(n)
+    }
+
+    /// Hands every row of the row query `text` to `take`, shard by shard, a page at a time.
+    async fn each_row(&self, text: &str, mut take: impl FnMut(ShardId, Value)) -> Result<(), ShardError> {
         let q = query::parse(text).map_err(|e| refused(e.to_string()))?;
         if q.partial().is_some() {
             return Err(refused(format!("'{text}' is an aggregate query")));
         }
-        let mut out = Vec::new();
         for shard in 0..self.shard_count() {
             let mut cursor: Option<Cursor> = None;
             loop {
@@ -104,14 +119,16 @@ impl Twins {
                     return Err(refused(format!("'{text}' is an aggregate query")));
                 };
                 let page = q.page(vec![rows], cursor.as_ref(), PAGE);
-                out.extend(page.items.into_iter().map(|r| (shard, r)));
+                for row in page.items {
+                    take(shard, row);
+                }
                 match page.next {
                     Some(c) => cursor = Some(c),
                     None => break,
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The groups of the aggregate query `text` (`COUNT()`, `GROUP BY`, …), merged over every shard.

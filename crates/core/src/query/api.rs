@@ -69,6 +69,26 @@ pub fn parse(text: &str) -> Result<Query, QueryError> {
 /// The start of the query a condition runs as ([`condition_query`]).
 pub const CONDITION_QUERY_PREFIX: &str = "SELECT deviceId FROM devices WHERE ";
 
+/// The largest row a query may make (estimated JSON size): a whole twin at its limits, several times
+/// over.
+pub const MAX_ROW_BYTES: usize = 1 << 20;
+
+/// The most the rows one shard gathers for one page may hold together (estimated JSON size): a
+/// thousand twins at their limits fit; a query past it is refused with the advice to ask for fewer
+/// rows a page.
+pub const MAX_PAGE_BYTES: usize = 256 << 20;
+
+/// The length of `v`'s JSON text, near enough (numbers are counted as 8 characters, escapes not at
+/// all): what bounds a query's rows.
+pub fn json_size(v: &Value) -> usize {
+    match v {
+        Value::Null | Value::Bool(_) | Value::Number(_) => 8,
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(|i| json_size(i) + 1).sum::<usize>(),
+        Value::Object(m) => 2 + m.iter().map(|(k, v)| k.len() + 4 + json_size(v)).sum::<usize>(),
+    }
+}
+
 /// The query that selects the devices a job's or a configuration's condition matches.
 pub fn condition_query(condition: &str) -> String {
     format!("{CONDITION_QUERY_PREFIX}{condition}")
@@ -175,15 +195,24 @@ impl Query {
     /// the document itself for `SELECT *`, else an object of the projected values, undefined ones
     /// omitted. `None` for aggregate queries, whose rows only exist per group.
     pub fn project(&self, doc: &Value) -> Option<Value> {
+        self.project_bounded(doc).ok().flatten().map(|(row, _)| row)
+    }
+
+    /// [`Query::project`], and the row's size (its JSON text's, estimated by [`json_size`]); an error
+    /// once the row passes [`MAX_ROW_BYTES`]. A SELECT list can name the whole document hundreds of
+    /// times under as many names within its 8192 characters: unchecked, one row of a large twin would
+    /// hold hundreds of copies of it, and a page of a thousand such rows would exhaust the node.
+    pub fn project_bounded(&self, doc: &Value) -> Result<Option<(Value, usize)>, String> {
         if self.is_aggregate() {
-            return None;
+            return Ok(None);
         }
         let items = match &self.inner.select {
-            Select::Star => return Some(doc.clone()),
+            Select::Star => return Ok(Some((doc.clone(), json_size(doc)))),
             Select::Items(items) => items,
         };
         let env = Env::doc(doc);
         let mut row = Map::new();
+        let mut size = 2;
         for SelectItem { expr, name } in items {
             let (value, name) = match (&expr.kind, name) {
                 // A bare path takes the document's spelling of its last key (`DeviceId` → `deviceId`).
@@ -196,9 +225,16 @@ impl Query {
                     None => continue,
                 },
             };
+            size += name.len() + 4 + json_size(&value);
+            if size > MAX_ROW_BYTES {
+                return Err(format!(
+                    "a row of this query would be larger than {} KiB: select fewer or smaller members",
+                    MAX_ROW_BYTES >> 10
+                ));
+            }
             row.insert(name, value);
         }
-        Some(Value::Object(row))
+        Ok(Some((Value::Object(row), size)))
     }
 
     /// The top-level members [`Query::project`] reads: a shard renders only these (and the ids) of a

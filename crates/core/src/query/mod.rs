@@ -71,7 +71,10 @@ mod page;
 mod parser;
 
 pub use aggregate::{Partial, PartialState};
-pub use api::{condition_query, parse, parse_condition, Condition, Query, CONDITION_QUERY_PREFIX};
+pub use api::{
+    condition_query, json_size, parse, parse_condition, Condition, Query, CONDITION_QUERY_PREFIX, MAX_PAGE_BYTES,
+    MAX_ROW_BYTES,
+};
 pub use ast::{Collection, Seg};
 pub use error::{CursorError, MergeError, QueryError, MAX_NESTING, MAX_QUERY_CHARS};
 pub use eval::{lookup, Document, Scalar};
