@@ -239,10 +239,12 @@ fn check(text: &str, docs: &[Value]) {
     let _ = Cursor::decode(text);
 }
 
-/// 640 KiB: a third of a tokio worker's 2 MiB. Maximal nesting needs about 400 KiB unoptimized
-/// (under 100 KiB optimized), so this leaves room for the caller yet catches recursion regressions.
+/// 2 MiB: a quarter of a node's worker stack (8 MiB, see `cli::serve`). Maximal nesting of the
+/// costliest shape (every precedence level of binary operators and a call at each of 62 levels) needs
+/// between 640 KiB and 2 MiB unoptimized, far less optimized; this leaves room for the caller yet
+/// catches recursion regressions.
 fn on_small_stack(f: impl FnOnce() + Send + 'static) {
-    std::thread::Builder::new().stack_size(640 * 1024).spawn(f).unwrap().join().unwrap();
+    std::thread::Builder::new().stack_size(2048 * 1024).spawn(f).unwrap().join().unwrap();
 }
 
 #[test]
@@ -285,6 +287,9 @@ fn maximal_nesting_evaluates_on_a_small_stack() {
             nest("[", "tags.floor", "]", 62) + " = 1",
             nest("{a: ", "tags.floor", "}", 62) + " = 1",
             nest("CONCAT(", "deviceId", ", 'x')", 62) + " = 'a'",
+            // The deepest frames a level can cost: every precedence level of binary operators, then
+            // a call, at each of the 62 levels.
+            nest("tags.a OR tags.b AND tags.c = tags.d + tags.e * ABS(", "tags.floor", ")", 62) + " = 1",
         ];
         for e in exprs {
             check(&format!("SELECT * FROM devices WHERE {e}"), &docs);

@@ -98,6 +98,9 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Stack of each runtime thread (workers and the blocking pool), see [`serve`].
+const WORKER_STACK: usize = 8 << 20;
+
 fn serve(args: ServeArgs) -> ExitCode {
     let config = match Config::resolve(args, |k| std::env::var(k).ok()) {
         Ok(c) => c,
@@ -114,6 +117,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         );
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // Parsing and evaluating a query recurses once per level of its nesting (at most 64 levels, each
+    // up to a dozen frames), and JSON up to serde_json's 128 levels: at most a few hundred KiB
+    // optimized, but between 640 KiB and 2 MiB in a debug build, tokio's whole default. 8 MiB of
+    // address space per thread, touched only as deep as a request goes, keeps every build clear of it.
+    builder.thread_stack_size(WORKER_STACK);
     if let Some(n) = config.worker_threads {
         builder.worker_threads(n);
     }
