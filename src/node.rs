@@ -160,6 +160,11 @@ impl Node {
                     gates.limits.handshake_timeout,
                     stop.child_token(),
                 ));
+                tokio::spawn(crate::cluster::transport::trust_members(
+                    transport.clone(),
+                    gates.cluster.clone(),
+                    stop.child_token(),
+                ));
                 (Some(transport), Some(a))
             }
         };

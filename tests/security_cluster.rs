@@ -327,3 +327,95 @@ async fn cluster_port_refuses_strangers_replays_reflections_and_unsigned_floods(
     c.assert_no_panics();
     eprintln!("done in {:?}", started.elapsed());
 }
+
+/// A TCP connection to `port` on 127.0.0.1 from the loopback address 127.0.0.`from` (each address is
+/// a source of its own to the node).
+async fn tcp_from(from: u8, port: u16) -> std::io::Result<TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::from(([127, 0, 0, from], 0)))?;
+    sock.connect(SocketAddr::from(([127, 0, 0, 1], port))).await
+}
+
+/// Strangers who hold every slot a node's cluster port gives strangers cannot keep a member from
+/// reconnecting: connections from the members' addresses are not held to the stranger bounds (they
+/// still have to pass mutual TLS and the signature). Node `other` restarts while the flood holds the
+/// port of shard 0's leader, and a write through `other` to a twin of shard 0 needs a new connection
+/// to that leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_who_fill_the_cluster_port_cannot_keep_a_member_out() {
+    let opts: Vec<String> =
+        ["max_connections_cluster=24", "max_unauthenticated_per_source=6", "handshake_timeout_secs=2"]
+            .iter()
+            .flat_map(|o| ["--node-option".to_string(), o.to_string()])
+            .collect();
+    let mut c = Cluster::up_with(3, SHARDS, &opts);
+    c.settle_leadership().await;
+    let (target, _) = c.settled_leader(0, &[1, 2, 3], Duration::from_secs(1)).await;
+    let other = if target == 1 { 2 } else { 1 };
+    let port = c.cluster_addr(target).port();
+    let mut taken = std::collections::HashSet::new();
+    let device = device_on_shard("kept-out", 0, SHARDS, &mut taken);
+    c.api(target).must_create_device(&device).await;
+
+    // 4 sources × 6 unauthenticated slots = the port's cap of 24: each slot is opened again as soon as
+    // the node closes it (after the 2 s handshake timeout), or tried again 20 ms after a refusal.
+    let stop = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(AtomicU64::new(0));
+    let mut flood = Vec::new();
+    for i in 0..24u8 {
+        let (stop, held) = (stop.clone(), held.clone());
+        flood.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match tcp_from(2 + i % 4, port).await {
+                    Ok(mut s) => {
+                        held.fetch_add(1, Ordering::Relaxed);
+                        let mut buf = [0u8; 64];
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            tokio::io::AsyncReadExt::read(&mut s, &mut buf),
+                        )
+                        .await;
+                        held.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Saturated: another stranger is refused at once (closed without a handshake).
+    let mut probe = tcp_from(9, port).await.expect("TCP connect");
+    let mut buf = [0u8; 64];
+    let closed =
+        tokio::time::timeout(Duration::from_millis(1500), tokio::io::AsyncReadExt::read(&mut probe, &mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "the flood did not fill the port: {closed:?}");
+    eprintln!("flood holds {} connections of node {target}'s cluster port", held.load(Ordering::Relaxed));
+
+    c.kill9(other);
+    c.restart(other);
+    let api = c.api_with_timeout(other, Duration::from_secs(20));
+    let started = Instant::now();
+    let mut last = String::new();
+    let written = loop {
+        // A transport error until the restarted node listens again.
+        match api.try_send("PATCH", &format!("/twins/{device}"), Some(&json!({"tags": {"kept": "in"}})), &[]).await {
+            Ok(r) if r.status == 200 => break true,
+            Ok(r) => last = format!("{} {}", r.status, r.text),
+            Err(e) => last = format!("{e}"),
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let still_held = held.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.abort();
+    }
+    assert!(written, "node {other} could not reach shard 0's leader (node {target}) through the flood: {last}");
+    eprintln!("node {other} wrote through node {target} after {:?}, the flood holding {still_held}", started.elapsed());
+    let twin = c.api(target).must_get_twin(&device).await;
+    assert_eq!(twin["tags"]["kept"], "in");
+}

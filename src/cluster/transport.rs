@@ -81,7 +81,7 @@ use serde::Serialize;
 
 pub use auth::ClusterSecret;
 pub use error::TransportError;
-pub use listen::serve;
+pub use listen::{serve, trust_members};
 pub use peers::PeerTable;
 pub use server::{CallError, CallHandlers, LocalGroups, RaftRpcService};
 pub use wire::{Call, Endpoint, RaftKind, RpcFailure};

@@ -14,13 +14,23 @@
 //! whole /64, so counting single v6 addresses would not bound anything). The per-source table only
 //! holds sources with an open connection, so it is bounded by `max_connections`.
 //!
+//! A listener whose legitimate clients are known by address (the inter-node port: the cluster's
+//! members) can name them ([`ConnGate::set_trusted`]): a connection from a trusted address is held to
+//! none of the per-source and unauthenticated bounds, and to the listener's cap only once it is
+//! [`TRUSTED_RESERVE`] past it, so strangers who fill those bounds cannot keep a member from
+//! reconnecting. It still has to authenticate like any other connection; the address only buys it
+//! a slot.
+//!
 //! Refusals are counted in `twinhub_listener_refused_total{listener, reason}` and the open counts are
 //! gauges; both take their labels from closed sets (the listener names are fixed strings and
 //! [`Refusal::label`] has four values), so no client can grow the metrics page.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Connections from trusted addresses a listener admits past its cap (see the module doc).
+pub const TRUSTED_RESERVE: usize = 64;
 
 /// Bounds of one listener. `0` in a per-source field means "no per-source bound".
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,12 +100,29 @@ pub struct ConnGate {
     name: &'static str,
     limits: ListenerLimits,
     state: Mutex<State>,
+    /// Addresses whose connections skip the stranger bounds (see the module doc).
+    trusted: RwLock<HashSet<IpAddr>>,
 }
 
 impl ConnGate {
     /// `name` labels the listener in metrics and logs (`https`, `mqtt`, `events`, `cluster`, …).
     pub fn new(name: &'static str, limits: ListenerLimits) -> Arc<ConnGate> {
-        Arc::new(ConnGate { name, limits, state: Mutex::new(State::default()) })
+        Arc::new(ConnGate { name, limits, state: Mutex::new(State::default()), trusted: RwLock::default() })
+    }
+
+    /// Replaces the trusted addresses (see the module doc). IPv4-mapped IPv6 addresses count as IPv4.
+    pub fn set_trusted(&self, addresses: impl IntoIterator<Item = IpAddr>) {
+        let set: HashSet<IpAddr> = addresses.into_iter().map(|a| a.to_canonical()).collect();
+        let mut trusted = self.trusted.write().unwrap_or_else(|p| p.into_inner());
+        if *trusted != set {
+            tracing::debug!(listener = self.name, addresses = ?set, "trusted sources");
+            *trusted = set;
+        }
+    }
+
+    fn is_trusted(&self, peer: IpAddr) -> bool {
+        let trusted = self.trusted.read().unwrap_or_else(|p| p.into_inner());
+        !trusted.is_empty() && trusted.contains(&peer.to_canonical())
     }
 
     pub fn name(&self) -> &'static str {
@@ -110,11 +137,16 @@ impl ConnGate {
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnPermit, Refusal> {
         let source = source_of(peer);
         let l = &self.limits;
+        let trusted = self.is_trusted(peer);
         let verdict = {
             let mut st = self.lock();
             let here = st.sources.get(&source);
             let (src_open, src_unauth) = here.map_or((0, 0), |c| (c.open, c.unauthenticated));
-            if st.total.open >= l.max_connections {
+            let verdict = if trusted && st.total.open >= l.max_connections.saturating_add(TRUSTED_RESERVE) {
+                Err(Refusal::Full)
+            } else if trusted {
+                Ok(())
+            } else if st.total.open >= l.max_connections {
                 Err(Refusal::Full)
             } else if l.max_per_source > 0 && src_open >= l.max_per_source {
                 Err(Refusal::SourceFull)
@@ -123,13 +155,16 @@ impl ConnGate {
             } else if l.max_unauthenticated_per_source > 0 && src_unauth >= l.max_unauthenticated_per_source {
                 Err(Refusal::SourceTooManyUnauthenticated)
             } else {
+                Ok(())
+            };
+            if verdict.is_ok() {
                 st.total.open += 1;
                 st.total.unauthenticated += 1;
                 let c = st.sources.entry(source).or_default();
                 c.open += 1;
                 c.unauthenticated += 1;
-                Ok(())
             }
+            verdict
         };
         match verdict {
             Ok(()) => {
@@ -308,6 +343,24 @@ mod tests {
         let _c = g.admit(ip("10.1.2.3")).unwrap();
         assert_eq!(g.admit(ip("::ffff:10.1.2.3")).unwrap_err(), Refusal::SourceTooManyUnauthenticated);
         assert_eq!(v6_prefix("2001:db8::1".parse().unwrap()), 0x2001_0db8_0000_0000);
+    }
+
+    #[test]
+    fn trusted_sources_pass_the_stranger_bounds_up_to_the_reserve() {
+        let g = ConnGate::new("t", limits(4, 2, 2, 2));
+        let _strangers: Vec<_> = ["10.0.0.1", "10.0.0.2"].iter().map(|a| g.admit(ip(a)).unwrap()).collect();
+        assert_eq!(g.admit(ip("10.0.0.3")).unwrap_err(), Refusal::TooManyUnauthenticated);
+        assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::TooManyUnauthenticated, "not trusted yet");
+        g.set_trusted([ip("10.0.0.9"), ip("::ffff:10.0.0.8")]);
+        let members: Vec<_> = (0..TRUSTED_RESERVE + 1).map(|_| g.admit(ip("10.0.0.9")).unwrap()).collect();
+        let _mapped = g.admit(ip("10.0.0.8")).unwrap();
+        // The cap plus the reserve, counting everyone: the next trusted connection is refused too.
+        assert_eq!(g.open(), 4 + TRUSTED_RESERVE);
+        assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::Full);
+        assert_eq!(g.admit(ip("10.0.0.4")).unwrap_err(), Refusal::Full);
+        drop(members);
+        g.set_trusted([]);
+        assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::TooManyUnauthenticated, "no longer trusted");
     }
 
     #[test]

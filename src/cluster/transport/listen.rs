@@ -18,7 +18,8 @@
 //! at most [`TransportConfig::max_requests_per_connection`] requests at once, and a silent one is
 //! closed after three keep-alive intervals.
 
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -166,6 +167,36 @@ async fn serve_framed(io: frame::BoxIo, conn: ConnService, stop: CancellationTok
         // only so much: a stranger must not be able to push more than a socket buffer's worth past it.
         let mut rest = (&mut r).take(LINGER_BYTES);
         let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut rest, &mut tokio::io::sink())).await;
+    }
+}
+
+/// How often [`trust_members`] looks the members' addresses up again.
+const TRUST_REFRESH: Duration = Duration::from_secs(5);
+
+/// Keeps `gate`'s trusted sources ([`ConnGate::set_trusted`]) to the addresses of the nodes the
+/// transport knows (the cluster's members and the peers it was started with), looked up every few
+/// seconds, since a member named by host name may move: strangers who fill the listener's
+/// unauthenticated bounds then cannot keep a member from reconnecting. A member that dials from
+/// another address than the one it is known by is admitted as any connection is. An address that
+/// does not resolve keeps what it last resolved to.
+pub async fn trust_members(transport: super::Transport, gate: Arc<ConnGate>, stop: CancellationToken) {
+    let mut resolved: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    let mut tick = tokio::time::interval(TRUST_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let addrs: HashSet<String> = transport.peers().list().into_iter().map(|(_, a)| a).collect();
+        resolved.retain(|a, _| addrs.contains(a));
+        for addr in addrs {
+            let lookup = tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(addr.clone())).await;
+            if let Ok(Ok(found)) = lookup {
+                resolved.insert(addr, found.map(|a| a.ip()).collect());
+            }
+        }
+        gate.set_trusted(resolved.values().flatten().copied());
     }
 }
 
