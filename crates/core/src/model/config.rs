@@ -163,7 +163,7 @@ impl Configuration {
     /// IoT Hub's Configuration, without metric results (the front door computes those).
     pub fn render(&self) -> Value {
         let s = &self.spec;
-        let content: Value = serde_json::from_str(&s.device_content_json).unwrap_or(Value::Null);
+        let content: Value = super::json_tree::parse_untrusted(&s.device_content_json).unwrap_or(Value::Null);
         json!({
             "id": s.id,
             "schemaVersion": s.schema_version,
@@ -220,9 +220,10 @@ pub fn parse(
         // Before the path is built (one nesting level per segment, recursively): a flat key of 100,000
         // segments fits in a request body and would nest that deep, past any later depth check.
         if segments.len() > super::validate::MAX_DEPTH {
+            let shown: String = key.chars().take(64).collect();
+            let more = if shown.len() < key.len() { "…" } else { "" };
             return Err(format!(
-                "content.deviceContent key '{:.64}…' is {} levels deep, over the maximum depth of {}",
-                key,
+                "content.deviceContent key '{shown}{more}' is {} levels deep, over the maximum depth of {}",
                 segments.len(),
                 super::validate::MAX_DEPTH
             ));

@@ -267,7 +267,7 @@ impl JobsState {
 impl Job {
     /// IoT Hub's JobResponse.
     pub fn render(&self) -> Value {
-        let update_twin: Value = serde_json::from_str(&self.spec.update_twin_json).unwrap_or(Value::Null);
+        let update_twin: Value = super::json_tree::parse_untrusted(&self.spec.update_twin_json).unwrap_or(Value::Null);
         let method = self.method.as_ref().map_or(Value::Null, |m| m.render());
         let s = &self.stats;
         let mut v = json!({

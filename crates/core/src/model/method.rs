@@ -27,7 +27,7 @@ impl MethodRequest {
     pub fn render(&self) -> Value {
         serde_json::json!({
             "methodName": self.name,
-            "payload": serde_json::from_str::<Value>(&self.payload_json).unwrap_or(Value::Null),
+            "payload": super::json_tree::parse_untrusted(&self.payload_json).unwrap_or(Value::Null),
             "responseTimeoutInSeconds": self.response_timeout_secs,
             "connectTimeoutInSeconds": self.connect_timeout_secs,
         })
@@ -42,6 +42,7 @@ impl MethodRequest {
         if self.payload_json.len() > MAX_PAYLOAD {
             return Err(format!("the method payload is larger than {MAX_PAYLOAD} bytes"));
         }
+        super::json_tree::parse(&self.payload_json).map_err(|e| format!("the method payload is not JSON: {e}"))?;
         for (field, v, range) in [
             ("responseTimeoutInSeconds", self.response_timeout_secs, RESPONSE_TIMEOUT),
             ("connectTimeoutInSeconds", self.connect_timeout_secs, CONNECT_TIMEOUT),
@@ -135,6 +136,10 @@ mod tests {
             (MethodRequest { response_timeout_secs: 0, ..ok.clone() }, "responseTimeoutInSeconds"),
             (MethodRequest { name: "a\nb".into(), ..ok.clone() }, "methodName"),
             (MethodRequest { payload_json: "1".repeat(MAX_PAYLOAD + 1), ..ok.clone() }, "larger"),
+            (
+                MethodRequest { payload_json: r#"{"$serde_json::private::RawValue":"1"}"#.into(), ..ok.clone() },
+                "not JSON",
+            ),
         ] {
             let e = bad.check().unwrap_err();
             assert!(e.contains(says), "{bad:?}: {e}");

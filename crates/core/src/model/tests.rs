@@ -1210,4 +1210,14 @@ fn a_restore_takes_counters_up_to_the_json_safe_bound_and_names_the_first_past_i
     meta.configs.etag_seq = MAX_RESTORED_COUNTER + 1;
     let e = meta.check_counters().unwrap_err();
     assert!(e.starts_with("the configurations' etag_seq is 9007199254740992"), "{e}");
+
+    // JSON carried in strings is read later: it must be JSON as a client may send it.
+    meta.configs.etag_seq = 1;
+    let body = serde_json::json!({"content": {"deviceContent": {"properties.desired.a": 1}}, "targetCondition": "*"});
+    let mut spec = super::config::parse("c1", &body, |_| Ok(()), |_| Ok(())).unwrap();
+    spec.device_content_json = r#"{"$serde_json::private::RawValue":"[[1]]"}"#.into();
+    let c = super::config::Configuration { spec, created_ms: 0, updated_ms: 0, etag: 1 };
+    meta.configs.configs.insert("c1".into(), c);
+    let e = meta.check_counters().unwrap_err();
+    assert!(e.starts_with("configuration c1's content is not JSON"), "{e}");
 }
