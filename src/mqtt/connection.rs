@@ -38,7 +38,7 @@ use super::session::{lock, Session, SessionRequest, StateSync, MAX_SESSION_EXPIR
 use super::topics::{self, Inbound, TwinRequest};
 use super::Mqtt;
 use crate::ids::TwinId;
-use crate::model::{now_ms, validate_reported_patch, Applied, Command, Op};
+use crate::model::{now_ms, validate_reported_patch_text, Applied, Command, Op};
 use crate::net::ConnPermit;
 use crate::notify::{DesiredPush, DesiredPushes};
 
@@ -555,16 +555,7 @@ impl Connection {
         let kind = TwinRequest::PatchReported;
         let checked = std::str::from_utf8(&payload)
             .map_err(|_| RequestError::BadRequest("the reported properties patch is not UTF-8".into()))
-            .and_then(|text| {
-                crate::model::json_tree::parse_untrusted(text).map_err(|e| {
-                    RequestError::BadRequest(format!("the reported properties patch is not valid JSON: {e}"))
-                })
-            })
-            .and_then(|v| validate_reported_patch(&v).map_err(RequestError::from))
-            .and_then(|()| {
-                String::from_utf8(payload.to_vec())
-                    .map_err(|_| RequestError::BadRequest("the reported properties patch is not UTF-8".into()))
-            });
+            .and_then(|text| validate_reported_patch_text(text).map(|()| text.to_string()).map_err(RequestError::from));
         let patch_json = match checked {
             Ok(j) => j,
             Err(e) => {

@@ -550,6 +550,12 @@ pub fn validate_reported_patch(body: &Value) -> Result<(), TwinError> {
     validate::reported_body(&json_tree::Json::of(body)).map(|_| ())
 }
 
+/// Validates the text of a device reported patch, read as untrusted JSON into the borrowing tree
+/// apply reads it into (see `json_tree`): [`validate_reported_patch`]'s rules, without a `Value`.
+pub fn validate_reported_patch_text(text: &str) -> Result<(), TwinError> {
+    validate::reported_body(&validate::parse_tree(text)?).map(|_| ())
+}
+
 /// Validates a device or module id (≤128 ASCII alnum plus `- : . + % _ # * ? ! ( ) , = @ ; $ '`).
 pub fn validate_id(kind: &str, id: &str) -> Result<(), TwinError> {
     validate::validate_id(kind, id)
