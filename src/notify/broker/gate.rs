@@ -239,6 +239,17 @@ fn put_remaining_length(out: &mut Vec<u8>, mut len: usize) {
     }
 }
 
+/// The filter rumqttd keeps a log for when `filter` is subscribed: a shared subscription's
+/// (`$share/{group}/{filter}`) shares the log of its filter; `None` for a filter rumqttd refuses (one
+/// starting with `$` that is not shared: it closes the connection and keeps nothing).
+fn logged_filter(filter: &str) -> Option<&str> {
+    match filter.strip_prefix("$share/").and_then(|rest| rest.split_once('/')) {
+        Some((_, shared)) => Some(shared),
+        None if filter.starts_with('$') && !filter.starts_with("$share") => None,
+        None => Some(filter),
+    }
+}
+
 /// The topic filters of a SUBSCRIBE's variable header and payload (a packet id, then filter and
 /// requested-QoS pairs).
 pub fn subscribe_filters(body: &[u8]) -> Result<Vec<&str>, GateError> {
@@ -322,11 +333,12 @@ pub struct ClientLimits {
 }
 
 /// The pool of ids for back ends that connect without one: rumqttd would make up a new one for each
-/// connection and keep a record of each for ever; from this pool a connection takes the lowest free
-/// number, so the records are as many as connections ever open at once.
+/// connection and keep a record of each for ever; from this pool a connection takes the number freed
+/// longest ago (so that rumqttd has long seen its last holder leave), or a new one when none is free,
+/// so the records are as many as connections ever open at once.
 #[derive(Default)]
 struct AnonymousIds {
-    free: Vec<u32>,
+    free: std::collections::VecDeque<u32>,
     next: u32,
 }
 
@@ -338,7 +350,7 @@ pub struct AnonymousId<'a> {
 
 impl Drop for AnonymousId<'_> {
     fn drop(&mut self) {
-        self.gate.anonymous.lock().unwrap_or_else(PoisonError::into_inner).free.push(self.n);
+        self.gate.anonymous.lock().unwrap_or_else(PoisonError::into_inner).free.push_back(self.n);
     }
 }
 
@@ -390,9 +402,8 @@ impl Gate {
             return Err(GateError::AnonymousSession);
         }
         let mut pool = self.anonymous.lock().unwrap_or_else(PoisonError::into_inner);
-        // The lowest free number, so that ids are reused as soon as possible.
-        let n = match pool.free.iter().enumerate().min_by_key(|(_, n)| **n) {
-            Some((i, _)) => pool.free.swap_remove(i),
+        let n = match pool.free.pop_front() {
+            Some(n) => n,
             None => {
                 pool.next += 1;
                 pool.next - 1
@@ -405,10 +416,12 @@ impl Gate {
     /// [`ClientLimits::max_filters`]. Nothing is counted for a SUBSCRIBE that is refused.
     pub fn admit_filters(&self, filters: &[&str]) -> Result<(), GateError> {
         let mut known = self.filters.lock().unwrap_or_else(PoisonError::into_inner);
-        let new: HashSet<&str> = filters.iter().copied().filter(|f| !known.contains(*f)).collect();
+        let new: HashSet<&str> =
+            filters.iter().filter_map(|f| logged_filter(f)).filter(|f| !known.contains(*f)).collect();
         if known.len() + new.len() > self.limits.max_filters {
             metrics::counter!("twinhub_notify_broker_filters_refused_total").increment(1);
-            let first = filters.iter().find(|f| new.contains(**f)).copied().unwrap_or_default();
+            let first = filters.iter().find(|f| logged_filter(f).is_some_and(|l| new.contains(l))).copied();
+            let first = first.unwrap_or_default();
             return Err(GateError::Filters(first.to_string(), self.limits.max_filters));
         }
         known.extend(new.into_iter().map(str::to_string));
@@ -758,13 +771,16 @@ mod tests {
         let (b, gb) = gate.upstream_id(&login).unwrap();
         assert_eq!((a.as_str(), b.as_str()), ("anon.0", "anon.1"));
         drop(ga);
-        let (c, _gc) = gate.upstream_id(&login).unwrap();
+        let (c, gc) = gate.upstream_id(&login).unwrap();
         assert_eq!(c, "anon.0", "a number is reused once its connection has ended");
         drop(gb);
+        drop(gc);
         let (d, _gd) = gate.upstream_id(&login).unwrap();
-        assert_eq!(d, "anon.1");
+        assert_eq!(d, "anon.1", "the number freed longest ago first");
         let (e, _ge) = gate.upstream_id(&login).unwrap();
-        assert_eq!(e, "anon.2");
+        assert_eq!(e, "anon.0");
+        let (f, _gf) = gate.upstream_id(&login).unwrap();
+        assert_eq!(f, "anon.2");
         // A named back end cannot take one of them: its id is in another namespace.
         login.client_id = "anon.0".into();
         assert_eq!(gate.upstream_id(&login).unwrap().0, "svc.anon.0");
@@ -789,6 +805,9 @@ mod tests {
         gate.admit_filters(&["c", "c"]).unwrap();
         assert!(gate.admit_filters(&["d"]).is_err());
         gate.admit_filters(&["a", "b", "c"]).unwrap();
+        // A shared subscription shares its filter's log; a filter rumqttd refuses keeps nothing.
+        gate.admit_filters(&["$share/g1/a", "$share/g2/b", "$SYS/x"]).unwrap();
+        assert!(gate.admit_filters(&["$share/g1/d"]).is_err());
     }
 
     /// A fake rumqttd: checks the forwarded CONNECT, accepts it, then records what it receives.
