@@ -15,11 +15,12 @@
 //! holds sources with an open connection, so it is bounded by `max_connections`.
 //!
 //! A listener whose legitimate clients are known by address (the inter-node port: the cluster's
-//! members) can name them ([`ConnGate::set_trusted`]): a connection from a trusted address is held to
-//! none of the per-source and unauthenticated bounds, and to the listener's cap only once it is
+//! members) can name them ([`ConnGate::set_trusted`]): a connection from a trusted address is held
+//! not to the listener's per-source and unauthenticated bounds but to a small one of its own
+//! ([`TRUSTED_UNAUTHENTICATED_PER_SOURCE`]), and to the listener's cap only once it is
 //! [`TRUSTED_RESERVE`] past it, so strangers who fill those bounds cannot keep a member from
-//! reconnecting. It still has to authenticate like any other connection; the address only buys it
-//! a slot.
+//! reconnecting, and a stranger sharing a member's address cannot take the others' room. It still
+//! has to authenticate like any other connection; the address only buys it a slot.
 //!
 //! Refusals are counted in `twinhub_listener_refused_total{listener, reason}` and the open counts are
 //! gauges; both take their labels from closed sets (the listener names are fixed strings and
@@ -31,6 +32,10 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// Connections from trusted addresses a listener admits past its cap (see the module doc).
 pub const TRUSTED_RESERVE: usize = 64;
+
+/// Unauthenticated connections one trusted address may hold at once: a member opens a few links at a
+/// time; a stranger sharing its address (another process on its host, a NAT) cannot take more.
+pub const TRUSTED_UNAUTHENTICATED_PER_SOURCE: usize = 16;
 
 /// Bounds of one listener. `0` in a per-source field means "no per-source bound".
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +149,8 @@ impl ConnGate {
             let (src_open, src_unauth) = here.map_or((0, 0), |c| (c.open, c.unauthenticated));
             let verdict = if trusted && st.total.open >= l.max_connections.saturating_add(TRUSTED_RESERVE) {
                 Err(Refusal::Full)
+            } else if trusted && src_unauth >= TRUSTED_UNAUTHENTICATED_PER_SOURCE {
+                Err(Refusal::SourceTooManyUnauthenticated)
             } else if trusted {
                 Ok(())
             } else if st.total.open >= l.max_connections {
@@ -352,13 +359,23 @@ mod tests {
         assert_eq!(g.admit(ip("10.0.0.3")).unwrap_err(), Refusal::TooManyUnauthenticated);
         assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::TooManyUnauthenticated, "not trusted yet");
         g.set_trusted([ip("10.0.0.9"), ip("::ffff:10.0.0.8")]);
-        let members: Vec<_> = (0..TRUSTED_RESERVE + 1).map(|_| g.admit(ip("10.0.0.9")).unwrap()).collect();
+        let mut members: Vec<_> = Vec::new();
+        for _ in 0..TRUSTED_RESERVE + 1 {
+            let mut m = g.admit(ip("10.0.0.9")).unwrap();
+            m.authenticated();
+            members.push(m);
+        }
         let _mapped = g.admit(ip("10.0.0.8")).unwrap();
         // The cap plus the reserve, counting everyone: the next trusted connection is refused too.
         assert_eq!(g.open(), 4 + TRUSTED_RESERVE);
         assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::Full);
         assert_eq!(g.admit(ip("10.0.0.4")).unwrap_err(), Refusal::Full);
         drop(members);
+        // A trusted address holds few connections that have not authenticated yet.
+        let waiting: Vec<_> =
+            (0..TRUSTED_UNAUTHENTICATED_PER_SOURCE).map(|_| g.admit(ip("10.0.0.9")).unwrap()).collect();
+        assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::SourceTooManyUnauthenticated);
+        drop(waiting);
         g.set_trusted([]);
         assert_eq!(g.admit(ip("10.0.0.9")).unwrap_err(), Refusal::TooManyUnauthenticated, "no longer trusted");
     }
